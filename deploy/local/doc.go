@@ -1,0 +1,29 @@
+// Command local runs Larder's local stack — the embedded default a newcomer
+// starts first: PostgreSQL 15 (wal_level=logical), NATS with JetStream, and
+// Redis, with all their data kept in one folder so it survives restarts.
+//
+//	go run ./deploy/local up     [flags]   # start, print URLs, run until Ctrl-C / SIGTERM
+//	go run ./deploy/local demo   [flags]   # start, exercise every server, print what it saw, stop
+//
+// # Ports and files
+//
+// By default the servers listen on 127.0.0.1 ports 15432 (PostgreSQL), 14222
+// (NATS) and 16379 (Redis), beside rather than on the usual ones, and keep
+// their data in ./.larder-local. The URLs are printed and written to
+// .larder-local/stack.env for other tools to source.
+//
+// # NATS
+//
+// NATS runs as the standalone nats-server binary (installed by `make deps`),
+// as it would in a deployment; -nats-bin embedded runs it in this process.
+//
+// # Running as root
+//
+// PostgreSQL runs as the "postgres" OS user; the data folder must be reachable
+// by it (a folder under /root is not, and start-up says so).
+//
+// # Stopping
+//
+// Ctrl-C or SIGTERM stops Redis, NATS and PostgreSQL in that order, each
+// gracefully, and removes stack.env.
+package main

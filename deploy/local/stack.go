@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/larderdb/larder/internal/servers"
+)
+
+// Config configures the local stack.
+type Config struct {
+	// Dir keeps every server's data across restarts: Dir/pg, Dir/nats, Dir/redis.
+	Dir string
+	// PostgresPort, NATSPort and RedisPort are fixed so that a newcomer's
+	// tools find the stack at the same place every time; 0 picks free ports.
+	PostgresPort, NATSPort, RedisPort int
+	// NATSBin runs that nats-server binary as its own process, as a
+	// deployment would; empty embeds NATS in this process.
+	NATSBin string
+}
+
+// DefaultConfig keeps data in ./.larder-local and uses ports beside, not on,
+// the usual ones, so a system PostgreSQL or Redis on the machine is left alone.
+func DefaultConfig() Config {
+	return Config{
+		Dir:          ".larder-local",
+		PostgresPort: 15432,
+		NATSPort:     14222,
+		RedisPort:    16379,
+		NATSBin:      "nats-server",
+	}
+}
+
+// Validate reports a config that cannot work.
+func (c Config) Validate() error {
+	if c.Dir == "" {
+		return errors.New("local: Dir is required")
+	}
+	for _, p := range []int{c.PostgresPort, c.NATSPort, c.RedisPort} {
+		if p < 0 || p > 65535 {
+			return fmt.Errorf("local: bad port %d", p)
+		}
+	}
+	return nil
+}
+
+// Stack is the running local stack: PostgreSQL, NATS with JetStream, Redis.
+// Later components (invalidator, cache-nodes, the RUBiS app) join it.
+type Stack struct {
+	PG    *servers.Postgres
+	NATS  *servers.NATS
+	Redis *servers.Redis
+	dir   string
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start brings the stack up; on error, whatever started is stopped again.
+func Start(ctx context.Context, cfg Config) (*Stack, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	s := &Stack{dir: dir}
+
+	pgCfg := servers.DefaultPostgresConfig(filepath.Join(dir, "pg"))
+	pgCfg.Port = cfg.PostgresPort
+	if s.PG, err = servers.StartPostgres(ctx, pgCfg); err != nil {
+		return nil, fmt.Errorf("local: PostgreSQL: %w", err)
+	}
+	natsCfg := servers.DefaultNATSConfig(filepath.Join(dir, "nats"))
+	natsCfg.Port, natsCfg.Bin = cfg.NATSPort, cfg.NATSBin
+	if s.NATS, err = servers.StartNATS(ctx, natsCfg); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("local: NATS: %w", err)
+	}
+	redisCfg := servers.DefaultRedisConfig(filepath.Join(dir, "redis"))
+	redisCfg.Port, redisCfg.Persist = cfg.RedisPort, true
+	if s.Redis, err = servers.StartRedis(ctx, redisCfg); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("local: Redis: %w", err)
+	}
+	if err := os.WriteFile(s.EnvFile(), []byte(s.envText()), 0o644); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	return s, nil
+}
+
+// URLs are the stack's endpoints, by environment variable name.
+func (s *Stack) URLs() map[string]string {
+	return map[string]string{
+		"LARDER_PG_URL":    s.PG.URL("postgres"),
+		"LARDER_NATS_URL":  s.NATS.URL(),
+		"LARDER_REDIS_URL": s.Redis.URL(),
+	}
+}
+
+// EnvFile is where the stack writes its URLs for other tools to source.
+func (s *Stack) EnvFile() string { return filepath.Join(s.dir, "stack.env") }
+
+func (s *Stack) envText() string {
+	urls := s.URLs()
+	keys := make([]string, 0, len(urls))
+	for k := range urls {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s=%s\n", k, urls[k])
+	}
+	return b.String()
+}
+
+// Close stops every server, in reverse start order. Idempotent.
+func (s *Stack) Close() error {
+	s.closeOnce.Do(func() {
+		var errs []error
+		if s.Redis != nil {
+			errs = append(errs, s.Redis.Close())
+		}
+		if s.NATS != nil {
+			errs = append(errs, s.NATS.Close())
+		}
+		if s.PG != nil {
+			errs = append(errs, s.PG.Close())
+		}
+		_ = os.Remove(s.EnvFile())
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}

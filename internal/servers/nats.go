@@ -1,0 +1,177 @@
+package servers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// NATSConfig configures a NATS server with JetStream started by StartNATS.
+type NATSConfig struct {
+	// Dir holds the JetStream store (Dir/jetstream) and, for a binary, its log.
+	Dir string
+	// Port on 127.0.0.1; 0 picks a free one.
+	Port int
+	// Bin, when set, runs that nats-server binary as a child process (as a
+	// deployment would): a path, or a name looked up on $PATH and in the Go
+	// bin directory. Empty embeds the server in this process, which is what
+	// tests and the embedded default use.
+	Bin string
+	// StartTimeout bounds start-up.
+	StartTimeout time.Duration
+}
+
+// DefaultNATSConfig returns an embedded server with its store in dir on a free port.
+func DefaultNATSConfig(dir string) NATSConfig {
+	return NATSConfig{Dir: dir, StartTimeout: 20 * time.Second}
+}
+
+// Validate reports a config that cannot work.
+func (c NATSConfig) Validate() error {
+	if c.Dir == "" {
+		return errors.New("larder/servers: nats: Dir is required")
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		return fmt.Errorf("larder/servers: nats: bad port %d", c.Port)
+	}
+	if c.StartTimeout <= 0 {
+		return errors.New("larder/servers: nats: StartTimeout must be positive")
+	}
+	return nil
+}
+
+// NATS is a running NATS server with JetStream enabled. Safe for concurrent use.
+type NATS struct {
+	port     int
+	embedded *server.Server // nil when running a binary
+	proc     *process       // nil when embedded
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NATSInstallHint says how to install the standalone nats-server binary.
+const NATSInstallHint = "go install github.com/nats-io/nats-server/v2@v2.15.2 (or run `make deps`)"
+
+// StartNATS starts NATS with JetStream and returns once it accepts clients.
+func StartNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	store := filepath.Join(dir, "jetstream")
+	if err := os.MkdirAll(store, 0o755); err != nil {
+		return nil, fmt.Errorf("larder/servers: nats store: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+	defer cancel()
+	if cfg.Bin == "" {
+		return startEmbeddedNATS(ctx, cfg, store)
+	}
+	bin, err := findBinary(cfg.Bin, "nats-server", goBinDirs(), NATSInstallHint)
+	if err != nil {
+		return nil, err
+	}
+	n := &NATS{}
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		n.port = cfg.Port
+		if n.port == 0 {
+			if n.port, err = FreePort(); err != nil {
+				return nil, err
+			}
+		}
+		args := []string{"-a", "127.0.0.1", "-p", strconv.Itoa(n.port), "-js", "-sd", store}
+		n.proc, err = startProcess("nats-server", bin, args, filepath.Join(dir, "nats.log"), nil, syscall.SIGTERM)
+		if err != nil {
+			return nil, err
+		}
+		err = waitReady(ctx, n.proc, n.ping)
+		if err == nil {
+			return n, nil
+		}
+		_ = n.proc.stop()
+		if cfg.Port != 0 || attempt == attempts || ctx.Err() != nil {
+			return nil, err
+		}
+	}
+}
+
+func startEmbeddedNATS(ctx context.Context, cfg NATSConfig, store string) (*NATS, error) {
+	port := cfg.Port
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		ServerName: "larder-embedded",
+		Host:       "127.0.0.1",
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   store,
+		NoLog:      true,
+		NoSigs:     true,
+		// Invalidations are small; the default 1 MiB payload limit is kept.
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("larder/servers: nats: %w", err)
+	}
+	go s.Start()
+	deadline, _ := ctx.Deadline()
+	if !s.ReadyForConnections(time.Until(deadline)) {
+		s.Shutdown()
+		return nil, fmt.Errorf("%w: embedded nats-server", ErrNotReady)
+	}
+	tcp, ok := s.Addr().(*net.TCPAddr)
+	if !ok {
+		s.Shutdown()
+		return nil, fmt.Errorf("larder/servers: nats: unexpected listen address %v", s.Addr())
+	}
+	n := &NATS{embedded: s, port: tcp.Port}
+	if err := waitReady(ctx, nil, n.ping); err != nil {
+		s.Shutdown()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *NATS) ping(ctx context.Context) error {
+	nc, err := nats.Connect(n.URL(), nats.Timeout(time.Second), nats.NoReconnect())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	return nc.FlushWithContext(ctx)
+}
+
+// URL is the client URL of the server.
+func (n *NATS) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
+
+// Port is the client port.
+func (n *NATS) Port() int { return n.port }
+
+// Close shuts the server down and waits for it. Idempotent.
+func (n *NATS) Close() error {
+	n.closeOnce.Do(func() {
+		if n.embedded != nil {
+			n.embedded.Shutdown()
+			n.embedded.WaitForShutdown()
+			return
+		}
+		n.closeErr = n.proc.stop()
+	})
+	return n.closeErr
+}
