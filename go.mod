@@ -7,7 +7,9 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
+	github.com/pganalyze/pg_query_go/v6 v6.2.5
 	github.com/redis/go-redis/v9 v9.23.0
+	google.golang.org/protobuf v1.33.0
 )
 
 require (
