@@ -1,0 +1,324 @@
+package invalidation
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+	"unicode/utf8"
+)
+
+// Version is the format version this package writes and reads.
+const Version = 1
+
+// Message kinds (the second byte).
+const (
+	kindTxn       = 1
+	kindHeartbeat = 2
+)
+
+// Change flag bits.
+const (
+	flagRows       = 1 << 0
+	flagAllColumns = 1 << 1
+	flagFlush      = 1 << 2
+	knownFlags     = flagRows | flagAllColumns | flagFlush
+)
+
+// MaxMessageSize bounds an encoded message; NATS's default payload limit
+// is 1 MiB. The invalidator splits a transaction's changes over several
+// messages rather than exceed it.
+const MaxMessageSize = 1 << 20
+
+// Change is what one committed transaction did to one tag.
+type Change struct {
+	// Tag is the canonical tag name (internal/tags); for a flush, the
+	// schema-qualified table name.
+	Tag string
+	// Flush: every cached result that depends on the table in any way is
+	// invalid (TRUNCATE, a schema change, a row whose old key could not be
+	// known).
+	Flush bool
+	// Rows: a row entered or left the tag's group (INSERT, DELETE, an
+	// UPDATE that changed the key). It hits every result holding the tag,
+	// even one that reads no column (count(*)).
+	Rows bool
+	// AllColumns: an UPDATE kept the row in the group but which columns
+	// changed is unknown (the table's replica identity is not FULL).
+	AllColumns bool
+	// Columns lists, sorted, the columns an UPDATE changed while the row
+	// stayed in the group.
+	Columns []string
+}
+
+// Hits reports whether c invalidates a result that holds c's tag and reads
+// the columns reads (allColumns: every column, e.g. SELECT *). A flush is
+// matched by table, not by tag: see HitsTable.
+func (c *Change) Hits(reads []string, allColumns bool) bool {
+	if c.Flush || c.Rows || c.AllColumns {
+		return true
+	}
+	if allColumns {
+		return len(c.Columns) > 0
+	}
+	for _, col := range reads {
+		i := sort.SearchStrings(c.Columns, col)
+		if i < len(c.Columns) && c.Columns[i] == col {
+			return true
+		}
+	}
+	return false
+}
+
+// Merge adds o (a change to the same tag) to c.
+func (c *Change) Merge(o Change) {
+	c.Flush = c.Flush || o.Flush
+	c.Rows = c.Rows || o.Rows
+	c.AllColumns = c.AllColumns || o.AllColumns
+	if len(o.Columns) == 0 {
+		return
+	}
+	seen := make(map[string]bool, len(c.Columns)+len(o.Columns))
+	for _, s := range c.Columns {
+		seen[s] = true
+	}
+	for _, s := range o.Columns {
+		if !seen[s] {
+			seen[s] = true
+			c.Columns = append(c.Columns, s)
+		}
+	}
+	sort.Strings(c.Columns)
+}
+
+// Txn is the invalidation message of one committed transaction, or of the
+// part of it that travels on one subject.
+type Txn struct {
+	CommitLSN  uint64    // the commit record's LSN: the transaction's timestamp
+	EndLSN     uint64    // the end of the commit record
+	XID        uint32    // the transaction id
+	CommitTime time.Time // as PostgreSQL recorded it (microseconds)
+	Changes    []Change
+}
+
+// Heartbeat says that every transaction with a commit LSN <= LSN has been
+// published (and acknowledged by JetStream) before it.
+type Heartbeat struct {
+	LSN  uint64
+	Time time.Time // the invalidator's clock when it was published
+}
+
+// AppendTxn appends the encoding of t to dst.
+func AppendTxn(dst []byte, t *Txn) []byte {
+	dst = append(dst, Version, kindTxn)
+	dst = binary.AppendUvarint(dst, t.CommitLSN)
+	dst = binary.AppendUvarint(dst, t.EndLSN)
+	dst = binary.AppendUvarint(dst, uint64(t.XID))
+	dst = binary.AppendVarint(dst, t.CommitTime.UnixMicro())
+	dst = binary.AppendUvarint(dst, uint64(len(t.Changes)))
+	for i := range t.Changes {
+		c := &t.Changes[i]
+		var f byte
+		if c.Rows {
+			f |= flagRows
+		}
+		if c.AllColumns {
+			f |= flagAllColumns
+		}
+		if c.Flush {
+			f |= flagFlush
+		}
+		dst = append(dst, f)
+		dst = appendString(dst, c.Tag)
+		dst = binary.AppendUvarint(dst, uint64(len(c.Columns)))
+		for _, col := range c.Columns {
+			dst = appendString(dst, col)
+		}
+	}
+	return dst
+}
+
+// AppendHeartbeat appends the encoding of h to dst.
+func AppendHeartbeat(dst []byte, h Heartbeat) []byte {
+	dst = append(dst, Version, kindHeartbeat)
+	dst = binary.AppendUvarint(dst, h.LSN)
+	return binary.AppendVarint(dst, h.Time.UnixMicro())
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// Errors of the decoders.
+var (
+	ErrVersion = errors.New("invalidation: unknown message format version")
+	ErrKind    = errors.New("invalidation: unexpected message kind")
+	ErrCorrupt = errors.New("invalidation: corrupt message")
+)
+
+// Message is a decoded message: exactly one of Txn and Heartbeat is set.
+type Message struct {
+	Txn       *Txn
+	Heartbeat *Heartbeat
+}
+
+// LSN is the message's position in time: the commit LSN of a transaction
+// or the LSN of a heartbeat.
+func (m Message) LSN() uint64 {
+	if m.Txn != nil {
+		return m.Txn.CommitLSN
+	}
+	if m.Heartbeat != nil {
+		return m.Heartbeat.LSN
+	}
+	return 0
+}
+
+// Decode decodes a transaction or heartbeat message.
+func Decode(b []byte) (Message, error) {
+	if len(b) < 2 {
+		return Message{}, fmt.Errorf("%w: %d bytes", ErrCorrupt, len(b))
+	}
+	if len(b) > MaxMessageSize {
+		return Message{}, fmt.Errorf("%w: %d bytes is over the %d limit", ErrCorrupt, len(b), MaxMessageSize)
+	}
+	if b[0] != Version {
+		return Message{}, fmt.Errorf("%w %d (this build reads %d)", ErrVersion, b[0], Version)
+	}
+	d := decoder{b: b[2:]}
+	switch b[1] {
+	case kindTxn:
+		t := &Txn{}
+		t.CommitLSN = d.uvarint("commit LSN")
+		t.EndLSN = d.uvarint("end LSN")
+		xid := d.uvarint("xid")
+		if xid > 1<<32-1 {
+			d.fail("xid %d out of range", xid)
+		}
+		t.XID = uint32(xid)
+		t.CommitTime = time.UnixMicro(d.varint("commit time"))
+		n := d.count("changes", 3)
+		if d.err == nil && n > 0 {
+			t.Changes = make([]Change, 0, n)
+		}
+		for i := 0; i < n && d.err == nil; i++ {
+			var c Change
+			f := d.byte("flags")
+			if f&^knownFlags != 0 {
+				d.fail("change %d: unknown flags %#x", i, f)
+			}
+			c.Rows, c.AllColumns, c.Flush = f&flagRows != 0, f&flagAllColumns != 0, f&flagFlush != 0
+			c.Tag = d.string("tag")
+			if d.err == nil && c.Tag == "" {
+				d.fail("change %d: empty tag", i)
+			}
+			nc := d.count("columns", 1)
+			for j := 0; j < nc && d.err == nil; j++ {
+				col := d.string("column")
+				if d.err == nil && j > 0 && col <= c.Columns[j-1] {
+					d.fail("change %d: columns not sorted and distinct", i)
+				}
+				c.Columns = append(c.Columns, col)
+			}
+			t.Changes = append(t.Changes, c)
+		}
+		if d.err == nil && len(d.b) != 0 {
+			d.fail("%d trailing bytes", len(d.b))
+		}
+		if d.err != nil {
+			return Message{}, d.err
+		}
+		return Message{Txn: t}, nil
+	case kindHeartbeat:
+		h := &Heartbeat{LSN: d.uvarint("LSN"), Time: time.UnixMicro(d.varint("time"))}
+		if d.err == nil && len(d.b) != 0 {
+			d.fail("%d trailing bytes", len(d.b))
+		}
+		if d.err != nil {
+			return Message{}, d.err
+		}
+		return Message{Heartbeat: h}, nil
+	}
+	return Message{}, fmt.Errorf("%w %d", ErrKind, b[1])
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+	}
+}
+
+func (d *decoder) uvarint(what string) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("bad %s", what)
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) varint(what string) int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail("bad %s", what)
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) byte(what string) byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) == 0 {
+		d.fail("missing %s", what)
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+// count reads a count of items each at least min bytes long, so that a
+// corrupt count cannot make the decoder allocate more than the message.
+func (d *decoder) count(what string, min int) int {
+	n := d.uvarint(what)
+	if d.err == nil && n > uint64(len(d.b)/min) {
+		d.fail("%d %s cannot fit in %d bytes", n, what, len(d.b))
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) string(what string) string {
+	n := d.uvarint(what + " length")
+	if d.err != nil {
+		return ""
+	}
+	if n > uint64(len(d.b)) {
+		d.fail("%s of %d bytes in %d", what, n, len(d.b))
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	if !utf8.ValidString(s) {
+		d.fail("%s is not UTF-8", what)
+		return ""
+	}
+	return s
+}

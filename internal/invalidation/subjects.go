@@ -1,0 +1,62 @@
+package invalidation
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+)
+
+// DefaultPrefix is the first token of every Larder subject.
+const DefaultPrefix = "larder"
+
+// Subjects (with prefix p):
+//
+//	p.inv.<h>   invalidations of the tag whose canonical name hashes to h
+//	p.inv.<f>   flushes of a table (h of "flush:" + table name)
+//	p.hb        heartbeats
+//
+// h is the first 8 bytes of SHA-256 of the name, in hex: fixed length, no
+// user data in subject names. Two names hashing alike only make a
+// subscriber receive changes it then ignores (messages carry the names).
+
+// TagSubject returns the subject a tag's changes travel on.
+func TagSubject(prefix, tag string) string { return prefix + ".inv." + hashName(tag) }
+
+// FlushSubject returns the subject of a table's flushes.
+func FlushSubject(prefix, table string) string { return prefix + ".inv." + hashName("flush:"+table) }
+
+// HeartbeatSubject returns the heartbeat subject.
+func HeartbeatSubject(prefix string) string { return prefix + ".hb" }
+
+// StreamSubjects lists the subjects of the JetStream stream.
+func StreamSubjects(prefix string) []string {
+	return []string{prefix + ".inv.*", HeartbeatSubject(prefix)}
+}
+
+// StreamName returns the JetStream stream name for a prefix.
+func StreamName(prefix string) string {
+	return strings.ToUpper(strings.NewReplacer(".", "_", "*", "_", ">", "_", " ", "_").Replace(prefix)) + "_INVALIDATIONS"
+}
+
+// MsgID is the JetStream message id of a transaction's message on a
+// subject: republishing after a crash is de-duplicated by the stream.
+func MsgID(commitLSN uint64, subject string) string {
+	return fmt.Sprintf("%X/%s", commitLSN, subject[strings.LastIndexByte(subject, '.')+1:])
+}
+
+// HeartbeatMsgID is the JetStream message id of a heartbeat.
+func HeartbeatMsgID(lsn uint64) string { return fmt.Sprintf("hb/%X", lsn) }
+
+// ValidPrefix reports whether p can prefix subjects.
+func ValidPrefix(p string) error {
+	if p == "" || strings.ContainsAny(p, " \t\r\n*>") || strings.HasPrefix(p, ".") || strings.HasSuffix(p, ".") || strings.Contains(p, "..") {
+		return fmt.Errorf("invalidation: %q is not a valid subject prefix", p)
+	}
+	return nil
+}
+
+func hashName(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:8])
+}

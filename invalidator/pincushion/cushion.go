@@ -1,0 +1,562 @@
+package pincushion
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/larderdb/larder/internal/invalidation"
+)
+
+// Defaults of Config.
+const (
+	DefaultSubjectPrefix = "larder"
+	DefaultInterval      = 200 * time.Millisecond
+	DefaultMaxStaleness  = 60 * time.Second
+	DefaultBudget        = 32
+	DefaultWaitTimeout   = 5 * time.Second
+)
+
+// maxConcurrentVerifies bounds the verify requests handled at once; more
+// are refused with a reason rather than queued behind a slow log.
+const maxConcurrentVerifies = 256
+
+// Config configures a Cushion. Zero fields take the defaults above.
+type Config struct {
+	// ConnString is the PostgreSQL connection string pins are taken on
+	// (one connection per pin).
+	ConnString string
+	// NATS is where pins are announced and list/verify requests answered;
+	// nil runs without NATS.
+	NATS *nats.Conn
+	// SubjectPrefix is the first token of the subjects (default "larder").
+	SubjectPrefix string
+	// Interval between two candidate pins; 100–250 ms in production.
+	Interval time.Duration
+	// MaxStaleness is how long a pin is kept after it was taken.
+	MaxStaleness time.Duration
+	// Budget is the number of pins (each an open connection) held at
+	// most; one more connection is open while a candidate is checked.
+	Budget int
+	// WaitTimeout bounds the wait for the commit log to reach a
+	// snapshot's WAL insert LSN.
+	WaitTimeout time.Duration
+	// Log receives the cushion's logs (nil: discarded). Discarded
+	// candidates are logged at debug level.
+	Log *slog.Logger
+	// Metrics registers the cushion's metrics (nil: not registered).
+	Metrics prometheus.Registerer
+
+	// onPin, when set, is called with every kept pin before it is
+	// announced or can be dropped.
+	onPin func(Pin)
+}
+
+// Pin is a pinned snapshot held by the cushion.
+type Pin = invalidation.Pin
+
+// Stats counts what a Cushion did.
+type Stats struct {
+	Taken          uint64 // candidates exported
+	Kept           uint64 // candidates verified exact and kept
+	Discarded      uint64 // candidates discarded (not exact, or not verifiable)
+	VerifyRequests uint64 // verify requests answered
+	Held           int    // pins held now
+}
+
+// Cushion takes, verifies, holds and announces pins.
+type Cushion struct {
+	cfg    Config
+	log    *CommitLog
+	conn   *pgx.ConnConfig
+	logger *slog.Logger
+	m      metrics
+
+	running atomic.Bool
+	taken   atomic.Uint64
+	kept    atomic.Uint64
+	discard atomic.Uint64
+	verifys atomic.Uint64
+
+	mu   sync.Mutex
+	held []*heldPin // oldest first
+}
+
+type heldPin struct {
+	pin  Pin
+	conn *pgx.Conn
+	tx   pgx.Tx
+}
+
+type metrics struct {
+	held      prometheus.Gauge
+	taken     prometheus.Counter
+	discarded prometheus.Counter
+	verify    *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (metrics, error) {
+	m := metrics{
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "larder_pincushion_pins_held", Help: "Pinned snapshots held open.",
+		}),
+		taken: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "larder_pincushion_pins_taken_total", Help: "Candidate snapshots exported.",
+		}),
+		discarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "larder_pincushion_pins_discarded_total", Help: "Candidate snapshots discarded as not exact or not verifiable.",
+		}),
+		verify: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "larder_pincushion_verify_requests_total", Help: "Snapshot verify requests, by result (exact, refused, bad).",
+		}, []string{"result"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.verify} {
+		if err := reg.Register(c); err != nil {
+			return metrics{}, fmt.Errorf("pincushion: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// New checks cfg, fills in its defaults and returns a Cushion verifying
+// against log. It connects to nothing before Run.
+func New(cfg Config, log *CommitLog) (*Cushion, error) {
+	if log == nil {
+		return nil, errors.New("pincushion: a commit log is required")
+	}
+	if cfg.ConnString == "" {
+		return nil, errors.New("pincushion: ConnString is required")
+	}
+	if cfg.SubjectPrefix == "" {
+		cfg.SubjectPrefix = DefaultSubjectPrefix
+	}
+	if p := cfg.SubjectPrefix; strings.ContainsAny(p, " \t\r\n*>") || strings.HasPrefix(p, ".") || strings.HasSuffix(p, ".") || strings.Contains(p, "..") {
+		return nil, fmt.Errorf("pincushion: %q is not a valid subject prefix", p)
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.MaxStaleness == 0 {
+		cfg.MaxStaleness = DefaultMaxStaleness
+	}
+	if cfg.Budget == 0 {
+		cfg.Budget = DefaultBudget
+	}
+	if cfg.WaitTimeout == 0 {
+		cfg.WaitTimeout = DefaultWaitTimeout
+	}
+	if cfg.Interval < 0 || cfg.MaxStaleness < 0 || cfg.WaitTimeout < 0 || cfg.Budget < 0 {
+		return nil, fmt.Errorf("pincushion: Interval %s, MaxStaleness %s, WaitTimeout %s and Budget %d must be positive",
+			cfg.Interval, cfg.MaxStaleness, cfg.WaitTimeout, cfg.Budget)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	cc, err := pgx.ParseConfig(cfg.ConnString)
+	if err != nil {
+		return nil, fmt.Errorf("pincushion: connection string: %w", err)
+	}
+	// One round trip per statement, no prepared statements on a
+	// connection that lives for one snapshot.
+	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	if _, ok := cc.RuntimeParams["application_name"]; !ok {
+		cc.RuntimeParams["application_name"] = "larder-pincushion"
+	}
+	// A pin is idle in its transaction by design; let the server end one
+	// that outlives its expiry by far (a cushion that hung or vanished).
+	cc.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt((cfg.MaxStaleness + time.Minute).Milliseconds(), 10)
+	m, err := newMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Interval < 100*time.Millisecond || cfg.Interval > 250*time.Millisecond {
+		cfg.Log.Warn("pincushion: interval outside the 100-250ms range it is meant for", "interval", cfg.Interval)
+	}
+	return &Cushion{cfg: cfg, log: log, conn: cc, logger: cfg.Log, m: m}, nil
+}
+
+// Pins returns the pins held now, oldest first.
+func (c *Cushion) Pins() []Pin {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pins := make([]Pin, len(c.held))
+	for i, h := range c.held {
+		pins[i] = h.pin
+	}
+	return pins
+}
+
+// Stats returns the cushion's counters.
+func (c *Cushion) Stats() Stats {
+	c.mu.Lock()
+	n := len(c.held)
+	c.mu.Unlock()
+	return Stats{Taken: c.taken.Load(), Kept: c.kept.Load(), Discarded: c.discard.Load(),
+		VerifyRequests: c.verifys.Load(), Held: n}
+}
+
+// VerifySnapshot verifies a snapshot a client took itself, w being
+// pg_current_wal_insert_lsn() read after it: it waits (at most
+// WaitTimeout) for the commit log to reach w, then applies Verify.
+func (c *Cushion) VerifySnapshot(ctx context.Context, snap Snapshot, w uint64) (ts uint64, ok bool, reason string) {
+	wctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
+	defer cancel()
+	if err := c.log.WaitThrough(wctx, w); err != nil {
+		return 0, false, fmt.Sprintf("commit log did not reach W %s within %s (it is at %s)",
+			fmtLSN(w), c.cfg.WaitTimeout, fmtLSN(c.log.ThroughLSN()))
+	}
+	return Verify(c.log, snap, w)
+}
+
+// Run takes a candidate pin every Interval until ctx ends, then closes
+// every pin and returns nil. It answers NATS requests meanwhile. A Cushion
+// runs once at a time.
+func (c *Cushion) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("pincushion: already running")
+	}
+	defer c.running.Store(false)
+	defer c.closeAll()
+
+	verifies := &verifyGroup{}
+	defer verifies.close()
+	if nc := c.cfg.NATS; nc != nil {
+		subs, err := c.subscribe(ctx, nc, verifies)
+		for _, s := range subs {
+			defer func() { _ = s.Unsubscribe() }()
+		}
+		if err != nil {
+			return err
+		}
+	}
+
+	ticker := time.NewTicker(c.cfg.Interval)
+	defer ticker.Stop()
+	for {
+		c.attempt(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// verifyGroup tracks the verify requests in flight; once closed it
+// admits no more, so that Run returns with none running.
+type verifyGroup struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func (g *verifyGroup) add() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.wg.Add(1)
+	return true
+}
+
+func (g *verifyGroup) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	g.wg.Wait()
+}
+
+func (c *Cushion) subscribe(ctx context.Context, nc *nats.Conn, verifies *verifyGroup) ([]*nats.Subscription, error) {
+	var subs []*nats.Subscription
+	list, err := nc.Subscribe(invalidation.PinListSubject(c.cfg.SubjectPrefix), func(m *nats.Msg) {
+		if m.Reply != "" {
+			if err := m.Respond(invalidation.EncodePinList(c.Pins())); err != nil {
+				c.logger.Warn("pincushion: answer pin list request", "err", err)
+			}
+		}
+	})
+	if err != nil {
+		return subs, fmt.Errorf("pincushion: subscribe: %w", err)
+	}
+	subs = append(subs, list)
+	sem := make(chan struct{}, maxConcurrentVerifies)
+	verify, err := nc.Subscribe(invalidation.PinVerifySubject(c.cfg.SubjectPrefix), func(m *nats.Msg) {
+		if m.Reply == "" {
+			return
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			c.respondVerify(m, invalidation.PinVerifyReply{Reason: "pincushion busy: too many verify requests in flight"}, "refused")
+			return
+		}
+		if !verifies.add() {
+			<-sem
+			c.respondVerify(m, invalidation.PinVerifyReply{Reason: "pincushion shutting down"}, "refused")
+			return
+		}
+		go func() {
+			defer verifies.wg.Done()
+			defer func() { <-sem }()
+			c.handleVerify(ctx, m)
+		}()
+	})
+	if err != nil {
+		return subs, fmt.Errorf("pincushion: subscribe: %w", err)
+	}
+	subs = append(subs, verify)
+	if err := nc.Flush(); err != nil {
+		return subs, fmt.Errorf("pincushion: subscribe: %w", err)
+	}
+	return subs, nil
+}
+
+func (c *Cushion) handleVerify(ctx context.Context, m *nats.Msg) {
+	req, err := invalidation.DecodePinVerifyRequest(m.Data)
+	if err != nil {
+		c.respondVerify(m, invalidation.PinVerifyReply{Reason: "bad request: " + err.Error()}, "bad")
+		return
+	}
+	snap := Snapshot{Xmin: req.Xmin, Xmax: req.Xmax, Xip: req.Xip}
+	ts, ok, reason := c.VerifySnapshot(ctx, snap, req.InsertLSN)
+	result := "exact"
+	if !ok {
+		result = "refused"
+	}
+	c.respondVerify(m, invalidation.PinVerifyReply{TS: ts, OK: ok, Reason: clipReason(reason)}, result)
+}
+
+func (c *Cushion) respondVerify(m *nats.Msg, r invalidation.PinVerifyReply, result string) {
+	c.verifys.Add(1)
+	c.m.verify.WithLabelValues(result).Inc()
+	if err := m.Respond(invalidation.EncodePinVerifyReply(r)); err != nil {
+		c.logger.Warn("pincushion: answer verify request", "err", err)
+	}
+}
+
+func clipReason(s string) string {
+	if len(s) <= invalidation.PinMaxReason {
+		return s
+	}
+	s = s[:invalidation.PinMaxReason-3]
+	for !utf8.ValidString(s) { // do not cut a UTF-8 sequence
+		s = s[:len(s)-1]
+	}
+	return s + "..."
+}
+
+// attempt expires and thins the held pins, then takes one candidate.
+func (c *Cushion) attempt(ctx context.Context) {
+	c.release(c.prune(time.Now(), nil))
+	if ctx.Err() != nil {
+		return
+	}
+	h, reason, err := c.take(ctx)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			c.logger.Warn("pincushion: take a pin", "err", err)
+		}
+		return
+	case h == nil:
+		c.discard.Add(1)
+		c.m.discarded.Inc()
+		c.logger.Debug("pincushion: candidate discarded", "reason", reason)
+		return
+	}
+	c.kept.Add(1)
+	if c.cfg.onPin != nil {
+		c.cfg.onPin(h.pin)
+	}
+	c.release(c.prune(time.Now(), h))
+	if nc := c.cfg.NATS; nc != nil {
+		if err := nc.Publish(invalidation.PinAnnounceSubject(c.cfg.SubjectPrefix), invalidation.EncodePin(h.pin)); err != nil {
+			c.logger.Warn("pincushion: announce pin", "err", err)
+		}
+	}
+}
+
+// take exports a candidate snapshot and verifies it. It returns the held
+// pin, or nil and the reason it was discarded, or an error when no
+// candidate could be taken at all.
+func (c *Cushion) take(ctx context.Context) (h *heldPin, reason string, err error) {
+	conn, err := pgx.ConnectConfig(ctx, c.conn)
+	if err != nil {
+		return nil, "", fmt.Errorf("connect: %w", err)
+	}
+	var tx pgx.Tx
+	defer func() {
+		if h == nil {
+			closePin(tx, conn)
+		}
+	}()
+	tx, err = conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, "", fmt.Errorf("begin: %w", err)
+	}
+	// The snapshot is taken when this statement starts, so it is no older
+	// than takenAt, and the WAL insert LSN is read after it.
+	takenAt := time.Now()
+	var id, snapText, wText string
+	err = tx.QueryRow(ctx, "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text").
+		Scan(&id, &snapText, &wText)
+	if err != nil {
+		return nil, "", fmt.Errorf("export snapshot: %w", err)
+	}
+	c.taken.Add(1)
+	c.m.taken.Inc()
+	if err := invalidation.PinValidSnapshotID(id); err != nil {
+		return nil, "unusable exported snapshot: " + err.Error(), nil
+	}
+	snap, err := ParseSnapshot(snapText)
+	if err != nil {
+		return nil, err.Error(), nil
+	}
+	w, err := pglogrepl.ParseLSN(wText)
+	if err != nil {
+		return nil, fmt.Sprintf("WAL insert LSN %q: %v", wText, err), nil
+	}
+	ts, ok, reason := c.VerifySnapshot(ctx, snap, uint64(w))
+	if !ok {
+		if ctx.Err() != nil {
+			return nil, "", ctx.Err()
+		}
+		return nil, fmt.Sprintf("snapshot %s, W %s: %s", snapText, wText, reason), nil
+	}
+	return &heldPin{
+		pin:  Pin{SnapshotID: id, LSN: ts, TakenAt: takenAt, ExpiresAt: takenAt.Add(c.cfg.MaxStaleness)},
+		conn: conn,
+		tx:   tx,
+	}, "", nil
+}
+
+// prune adds h (if not nil) as the newest pin, then removes the expired
+// pins, an older pin with h's timestamp (h sees the same commits and is
+// fresher), and the pins thinning drops. It returns the removed pins.
+func (c *Cushion) prune(now time.Time, h *heldPin) []*heldPin {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*heldPin
+	keep := c.held[:0]
+	for _, p := range c.held {
+		if !now.Before(p.pin.ExpiresAt) || (h != nil && p.pin.LSN == h.pin.LSN) {
+			out = append(out, p)
+			continue
+		}
+		keep = append(keep, p)
+	}
+	clear(c.held[len(keep):])
+	c.held = keep
+	if h != nil {
+		c.held = append(c.held, h)
+	}
+	taken := make([]time.Time, len(c.held))
+	for i, p := range c.held {
+		taken[i] = p.pin.TakenAt
+	}
+	if drop := thin(taken, c.cfg.Budget, now); len(drop) > 0 {
+		keep := c.held[:0]
+		for i, p := range c.held {
+			if len(drop) > 0 && drop[0] == i {
+				drop = drop[1:]
+				out = append(out, p)
+				continue
+			}
+			keep = append(keep, p)
+		}
+		clear(c.held[len(keep):])
+		c.held = keep
+	}
+	c.m.held.Set(float64(len(c.held)))
+	return out
+}
+
+func (c *Cushion) release(pins []*heldPin) {
+	for _, p := range pins {
+		closePin(p.tx, p.conn)
+	}
+}
+
+func (c *Cushion) closeAll() {
+	c.mu.Lock()
+	pins := c.held
+	c.held = nil
+	c.m.held.Set(0)
+	c.mu.Unlock()
+	c.release(pins)
+}
+
+// closePin rolls a pin's transaction back and closes its connection.
+func closePin(tx pgx.Tx, conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if tx != nil {
+		_ = tx.Rollback(ctx)
+	}
+	_ = conn.Close(ctx)
+}
+
+// thin chooses the pins to drop so that at most budget remain: dense
+// recent, sparse old. taken lists the pins' wall times, oldest first; the
+// result lists indices into it, ascending.
+//
+// While over budget it drops the interior pin whose removal opens the
+// smallest hole relative to its age: the span between its neighbours
+// divided by its age. Pins then thin out geometrically with age. The
+// newest pin is never dropped, nor the oldest while a third pin remains
+// (it keeps the oldest staleness covered until it expires).
+func thin(taken []time.Time, budget int, now time.Time) []int {
+	if budget < 1 {
+		budget = 1
+	}
+	if len(taken) <= budget {
+		return nil
+	}
+	alive := make([]int, len(taken))
+	for i := range alive {
+		alive[i] = i
+	}
+	dropped := make([]bool, len(taken))
+	for len(alive) > budget {
+		victim := 0 // only newest and oldest left: drop the oldest
+		if len(alive) > 2 {
+			best := -1.0
+			for j := 1; j < len(alive)-1; j++ {
+				span := taken[alive[j+1]].Sub(taken[alive[j-1]])
+				age := now.Sub(taken[alive[j]])
+				if age < time.Nanosecond {
+					age = time.Nanosecond
+				}
+				score := float64(span) / float64(age)
+				if best < 0 || score < best {
+					best, victim = score, j
+				}
+			}
+		}
+		dropped[alive[victim]] = true
+		alive = append(alive[:victim], alive[victim+1:]...)
+	}
+	var out []int
+	for i, d := range dropped {
+		if d {
+			out = append(out, i)
+		}
+	}
+	return out
+}

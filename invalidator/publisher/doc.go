@@ -1,0 +1,14 @@
+// Package publisher is the invalidator's core: it reads PostgreSQL's
+// logical replication stream (pgoutput, through pglogrepl) from a durable
+// slot, turns every committed transaction into the tags it changed — the
+// table tag with the columns an UPDATE changed, and the keyed tag of every
+// tag column set for the OLD and the NEW row — and publishes them on NATS
+// JetStream in commit order, one message per transaction and subject.
+//
+// Heartbeats are logical decoding messages the publisher itself writes into
+// the WAL every interval: when one is decoded, every earlier commit has been
+// decoded too. The publisher then waits for JetStream to acknowledge every
+// message so far, publishes the heartbeat and only then confirms its LSN
+// to the slot, so a crash loses nothing: the next run resumes from the slot
+// and republishes, de-duplicated by message id.
+package publisher

@@ -1,0 +1,36 @@
+package publisher
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	commits, rows, tags, messages, heartbeats prometheus.Counter
+	flushes                                   *prometheus.CounterVec
+	lagBytes, lagSeconds, confirmed           prometheus.Gauge
+	publishLatency                            prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		commits:    prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_commits_total", Help: "Committed transactions decoded."}),
+		rows:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_row_changes_total", Help: "Row changes (insert, update, delete) decoded."}),
+		tags:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_tags_total", Help: "Tag changes published."}),
+		messages:   prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_messages_total", Help: "Invalidation messages published to JetStream."}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_heartbeats_total", Help: "Heartbeats published."}),
+		flushes:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_flushes_total", Help: "Table flushes published, by reason."}, []string{"reason"}),
+		lagBytes:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_bytes", Help: "Server WAL end minus the last heartbeat published."}),
+		lagSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_seconds", Help: "Age of the last transaction published when it was published (0 when caught up)."}),
+		confirmed:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_confirmed_lsn", Help: "The slot position confirmed to PostgreSQL."}),
+		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "larder_invalidator_publish_latency_seconds",
+			Help:    "Commit (PostgreSQL's commit time) to hand-off to NATS.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+	}
+	for _, r := range []string{"truncate", "schema", "large_transaction"} {
+		m.flushes.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency)
+	}
+	return m
+}

@@ -1,0 +1,587 @@
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/larderdb/larder/internal/invalidation"
+)
+
+// HeartbeatPrefix is the prefix of the logical decoding messages the
+// publisher writes into the WAL as heartbeats.
+const HeartbeatPrefix = "larder.heartbeat"
+
+// CommitRecorder receives every decoded commit in commit-LSN order and the
+// LSNs through which the decoded stream is complete (the pincushion's
+// commit log implements it).
+type CommitRecorder interface {
+	Commit(xid uint32, commitLSN uint64)
+	Through(lsn uint64)
+}
+
+// Config configures a Publisher.
+type Config struct {
+	// ConnString is a PostgreSQL URL (or key=value string) for a user
+	// allowed to replicate; the replication connection adds
+	// replication=database to it.
+	ConnString string
+	// Slot and Publication are created when missing. The publication is
+	// FOR ALL TABLES unless Tables lists the tables to track.
+	Slot        string
+	Publication string
+	Tables      []string
+	// TagColumns are the tag column sets per table ("schema.table"), from
+	// the QUMA file; nil means each table's primary and unique keys.
+	TagColumns map[string][][]string
+	// FixReplicaIdentity runs the ALTER TABLE … REPLICA IDENTITY FULL the
+	// start-up check asks for instead of refusing to start.
+	FixReplicaIdentity bool
+	NATS               *nats.Conn
+	SubjectPrefix      string        // default "larder"
+	Heartbeat          time.Duration // default 75ms
+	StreamMaxAge       time.Duration // default 1h
+	StreamMemory       bool          // memory storage instead of file
+	// MaxTagsPerTxn bounds the keyed tags of one transaction; past it the
+	// transaction flushes the tables it touched instead (default 10000).
+	MaxTagsPerTxn int
+	Commits       CommitRecorder // may be nil
+	Log           *slog.Logger
+	Metrics       prometheus.Registerer // may be nil
+}
+
+func (c *Config) setDefaults() error {
+	if c.ConnString == "" {
+		return errors.New("publisher: no PostgreSQL connection string")
+	}
+	if c.NATS == nil {
+		return errors.New("publisher: no NATS connection")
+	}
+	if c.Slot == "" {
+		c.Slot = "larder_invalidator"
+	}
+	if c.Publication == "" {
+		c.Publication = "larder_invalidator"
+	}
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = invalidation.DefaultPrefix
+	}
+	if err := invalidation.ValidPrefix(c.SubjectPrefix); err != nil {
+		return err
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = 75 * time.Millisecond
+	}
+	if c.StreamMaxAge <= 0 {
+		c.StreamMaxAge = time.Hour
+	}
+	if c.MaxTagsPerTxn <= 0 {
+		c.MaxTagsPerTxn = 10000
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	return nil
+}
+
+// Publisher turns PostgreSQL's logical replication stream into
+// invalidation messages on NATS JetStream.
+type Publisher struct {
+	cfg Config
+	m   *metrics
+	js  jetstream.JetStream
+
+	tables    map[string]*tableInfo
+	relations map[uint32]*relation
+	checked   map[uint32]bool // relations compared with the catalog this session
+
+	// the open transaction
+	inTxn  bool
+	begin  pglogrepl.BeginMessage
+	cs     changeSet
+	schema []string // tables whose schema changed in this transaction
+
+	pending   []jetstream.PubAckFuture
+	confirmed pglogrepl.LSN // slot position: everything before it is acknowledged
+	lastSent  time.Time     // last standby status update
+	walEnd    pglogrepl.LSN
+	buf       []byte
+}
+
+// New checks the configuration.
+func New(cfg Config) (*Publisher, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	p := &Publisher{cfg: cfg, m: newMetrics(cfg.Metrics)}
+	return p, nil
+}
+
+// Run connects, checks the tables, and publishes until ctx ends (nil) or
+// something fails (the error; run it again to resume from the slot).
+func (p *Publisher) Run(ctx context.Context) error {
+	cfg := &p.cfg
+	conn, err := pgx.Connect(ctx, cfg.ConnString)
+	if err != nil {
+		return fmt.Errorf("publisher: connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+
+	if err := p.ensurePublication(ctx, conn); err != nil {
+		return err
+	}
+	if p.tables, err = loadTables(ctx, conn, cfg.Publication); err != nil {
+		return err
+	}
+	chooseSets(p.tables, cfg.TagColumns)
+	if ie := checkIdentity(p.tables); ie != nil {
+		if !cfg.FixReplicaIdentity {
+			return ie
+		}
+		if err := fixIdentity(ctx, conn, ie); err != nil {
+			return fmt.Errorf("publisher: fix replica identity: %w", err)
+		}
+		cfg.Log.Info("replica identity set to FULL", "tables", strings.Join(ie.Tables, ", "))
+		if p.tables, err = loadTables(ctx, conn, cfg.Publication); err != nil {
+			return err
+		}
+		chooseSets(p.tables, cfg.TagColumns)
+	}
+
+	if p.js, err = jetstream.New(cfg.NATS, jetstream.WithPublishAsyncMaxPending(8192)); err != nil {
+		return fmt.Errorf("publisher: jetstream: %w", err)
+	}
+	if err := p.ensureStream(ctx); err != nil {
+		return err
+	}
+
+	rcfg, err := pgconn.ParseConfig(cfg.ConnString)
+	if err != nil {
+		return fmt.Errorf("publisher: %w", err)
+	}
+	rcfg.RuntimeParams["replication"] = "database"
+	repl, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return fmt.Errorf("publisher: replication connection: %w", err)
+	}
+	defer repl.Close(context.Background())
+
+	start, err := p.ensureSlot(ctx, conn, repl)
+	if err != nil {
+		return err
+	}
+	err = pglogrepl.StartReplication(ctx, repl, cfg.Slot, start, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + cfg.Publication + "'", "messages 'true'"},
+	})
+	if err != nil {
+		return fmt.Errorf("publisher: start replication from %s: %w", start, err)
+	}
+	p.confirmed = start
+	p.relations = map[uint32]*relation{}
+	p.checked = map[uint32]bool{}
+	cfg.Log.Info("replicating", "slot", cfg.Slot, "publication", cfg.Publication, "from", start.String(), "tables", len(p.tables))
+
+	hbCtx, stopHB := context.WithCancel(ctx)
+	hbDone := make(chan error, 1)
+	go func() { hbDone <- p.emitHeartbeats(hbCtx, conn) }()
+	err = p.receive(ctx, repl)
+	stopHB()
+	hbErr := <-hbDone
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err == nil {
+		err = hbErr
+	}
+	return err
+}
+
+func (p *Publisher) ensurePublication(ctx context.Context, conn *pgx.Conn) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, p.cfg.Publication).Scan(&exists); err != nil {
+		return fmt.Errorf("publisher: look up publication: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	target := "FOR ALL TABLES"
+	if len(p.cfg.Tables) > 0 {
+		var quoted []string
+		for _, t := range p.cfg.Tables {
+			quoted = append(quoted, pgx.Identifier(strings.SplitN(t, ".", 2)).Sanitize())
+		}
+		target = "FOR TABLE " + strings.Join(quoted, ", ")
+	}
+	sql := "CREATE PUBLICATION " + pgx.Identifier{p.cfg.Publication}.Sanitize() + " " + target
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("publisher: %s: %w", sql, err)
+	}
+	p.cfg.Log.Info("created publication", "publication", p.cfg.Publication, "target", target)
+	return nil
+}
+
+func (p *Publisher) ensureSlot(ctx context.Context, conn *pgx.Conn, repl *pgconn.PgConn) (pglogrepl.LSN, error) {
+	var plugin string
+	var confirmed *string
+	err := conn.QueryRow(ctx, `SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, p.cfg.Slot).Scan(&plugin, &confirmed)
+	if err == nil {
+		if plugin != "pgoutput" {
+			return 0, fmt.Errorf("publisher: slot %s uses plugin %s; want pgoutput", p.cfg.Slot, plugin)
+		}
+		if confirmed == nil {
+			return 0, nil
+		}
+		return pglogrepl.ParseLSN(*confirmed)
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("publisher: look up slot: %w", err)
+	}
+	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, p.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
+	if err != nil {
+		return 0, fmt.Errorf("publisher: create slot %s: %w", p.cfg.Slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return 0, fmt.Errorf("publisher: slot consistent point: %w", err)
+	}
+	p.cfg.Log.Info("created replication slot", "slot", p.cfg.Slot, "at", lsn.String())
+	return lsn, nil
+}
+
+func (p *Publisher) ensureStream(ctx context.Context) error {
+	storage := jetstream.FileStorage
+	if p.cfg.StreamMemory {
+		storage = jetstream.MemoryStorage
+	}
+	_, err := p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        invalidation.StreamName(p.cfg.SubjectPrefix),
+		Description: "Larder invalidations and heartbeats",
+		Subjects:    invalidation.StreamSubjects(p.cfg.SubjectPrefix),
+		Storage:     storage,
+		MaxAge:      p.cfg.StreamMaxAge,
+		Duplicates:  2 * time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("publisher: stream %s: %w", invalidation.StreamName(p.cfg.SubjectPrefix), err)
+	}
+	return nil
+}
+
+// emitHeartbeats writes a non-transactional logical decoding message into
+// the WAL every interval. Its LSN, once decoded, proves every earlier
+// commit has been seen.
+func (p *Publisher) emitHeartbeats(ctx context.Context, conn *pgx.Conn) error {
+	t := time.NewTicker(p.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, '')`, HeartbeatPrefix); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("publisher: emit heartbeat: %w", err)
+		}
+	}
+}
+
+// receive reads the replication stream until ctx ends or it fails.
+func (p *Publisher) receive(ctx context.Context, repl *pgconn.PgConn) error {
+	const statusEvery = 5 * time.Second
+	for {
+		if time.Since(p.lastSent) >= statusEvery {
+			if err := p.sendStatus(ctx, repl); err != nil {
+				return err
+			}
+		}
+		rctx, cancel := context.WithDeadline(ctx, p.lastSent.Add(statusEvery))
+		raw, err := repl.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("publisher: receive: %w", err)
+		}
+		switch msg := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("publisher: replication: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("publisher: keepalive: %w", err)
+				}
+				p.noteWALEnd(ka.ServerWALEnd)
+				if ka.ReplyRequested {
+					if err := p.sendStatus(ctx, repl); err != nil {
+						return err
+					}
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("publisher: xlog data: %w", err)
+				}
+				p.noteWALEnd(xld.ServerWALEnd)
+				flushed, err := p.handle(ctx, xld)
+				if err != nil {
+					return err
+				}
+				if flushed {
+					if err := p.sendStatus(ctx, repl); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+}
+
+func (p *Publisher) noteWALEnd(l pglogrepl.LSN) {
+	if l > p.walEnd {
+		p.walEnd = l
+	}
+}
+
+func (p *Publisher) sendStatus(ctx context.Context, repl *pgconn.PgConn) error {
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, repl, pglogrepl.StandbyStatusUpdate{WALWritePosition: p.confirmed})
+	if err != nil {
+		return fmt.Errorf("publisher: standby status: %w", err)
+	}
+	p.lastSent = time.Now()
+	p.m.confirmed.Set(float64(p.confirmed))
+	return nil
+}
+
+// handle processes one pgoutput message; flushed reports that the
+// confirmed position moved.
+func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed bool, err error) {
+	msg, err := pglogrepl.Parse(xld.WALData)
+	if err != nil {
+		return false, fmt.Errorf("publisher: decode pgoutput at %s: %w", xld.WALStart, err)
+	}
+	switch m := msg.(type) {
+	case *pglogrepl.BeginMessage:
+		p.inTxn, p.begin = true, *m
+		p.cs.reset()
+		p.schema = p.schema[:0]
+	case *pglogrepl.RelationMessage:
+		p.relationMessage(m)
+	case *pglogrepl.InsertMessage:
+		r, err := p.relation(m.RelationID)
+		if err != nil {
+			return false, err
+		}
+		return false, p.cs.insert(r, m)
+	case *pglogrepl.UpdateMessage:
+		r, err := p.relation(m.RelationID)
+		if err != nil {
+			return false, err
+		}
+		return false, p.cs.update(r, m)
+	case *pglogrepl.DeleteMessage:
+		r, err := p.relation(m.RelationID)
+		if err != nil {
+			return false, err
+		}
+		return false, p.cs.remove(r, m)
+	case *pglogrepl.TruncateMessage:
+		for _, id := range m.RelationIDs {
+			r, err := p.relation(id)
+			if err != nil {
+				return false, err
+			}
+			p.cs.flush(r.name)
+			p.m.flushes.WithLabelValues("truncate").Inc()
+		}
+	case *pglogrepl.CommitMessage:
+		if !p.inTxn {
+			return false, fmt.Errorf("publisher: COMMIT at %s without BEGIN", m.CommitLSN)
+		}
+		p.inTxn = false
+		return false, p.commit(ctx, m)
+	case *pglogrepl.LogicalDecodingMessage:
+		if m.Transactional || m.Prefix != HeartbeatPrefix {
+			return false, nil
+		}
+		// The message's LSN is the end of its record: a commit record may
+		// start there, so the heartbeat covers the commits before it.
+		return true, p.heartbeat(ctx, m.LSN)
+	}
+	return false, nil
+}
+
+func (p *Publisher) relation(id uint32) (*relation, error) {
+	r := p.relations[id]
+	if r == nil {
+		return nil, fmt.Errorf("publisher: change to relation %d before its Relation message", id)
+	}
+	return r, nil
+}
+
+// relationMessage records a table's shape. A shape that differs from the
+// one known (or, first in a session, from the catalogs read at start-up)
+// is a schema change: the table is flushed and its tag sets reloaded.
+func (p *Publisher) relationMessage(m *pglogrepl.RelationMessage) {
+	name := m.Namespace + "." + m.RelationName
+	var sets [][]string
+	if t := p.tables[name]; t != nil {
+		sets = t.sets
+	} else if p.cfg.TagColumns != nil {
+		sets = p.cfg.TagColumns[name]
+	}
+	r := newRelation(m, sets)
+	for _, miss := range r.missing {
+		p.cfg.Log.Warn("tag column set names a column the table lacks; not published", "set", miss)
+	}
+	old := p.relations[m.RelationID]
+	changed := old != nil && !old.sameShape(r)
+	if old == nil && p.tables[name] == nil && len(p.tables) > 0 {
+		changed = true // a table created since start-up: nothing cached can predate it, but be safe
+	}
+	p.relations[m.RelationID] = r
+	if changed {
+		p.cs.flush(name)
+		p.m.flushes.WithLabelValues("schema").Inc()
+		p.cfg.Log.Info("schema change: table flushed", "table", name)
+	}
+}
+
+// commit publishes the transaction's changes, one message per subject.
+func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) error {
+	if p.cfg.Commits != nil {
+		p.cfg.Commits.Commit(p.begin.Xid, uint64(m.CommitLSN))
+		p.cfg.Commits.Through(uint64(m.CommitLSN))
+	}
+	p.m.commits.Inc()
+	p.m.rows.Add(float64(p.cs.rows))
+	changes := p.cs.changes
+	if len(changes) == 0 {
+		return nil
+	}
+	if len(changes) > p.cfg.MaxTagsPerTxn {
+		changes = collapse(changes)
+		p.m.flushes.WithLabelValues("large_transaction").Inc()
+	}
+	bySubject := map[string][]invalidation.Change{}
+	var order []string
+	for _, c := range changes {
+		s := invalidation.TagSubject(p.cfg.SubjectPrefix, c.Tag)
+		if c.Flush {
+			s = invalidation.FlushSubject(p.cfg.SubjectPrefix, c.Tag)
+		}
+		if _, ok := bySubject[s]; !ok {
+			order = append(order, s)
+		}
+		bySubject[s] = append(bySubject[s], c)
+	}
+	txn := invalidation.Txn{CommitLSN: uint64(m.CommitLSN), EndLSN: uint64(m.TransactionEndLSN), XID: p.begin.Xid, CommitTime: m.CommitTime}
+	for _, s := range order {
+		txn.Changes = bySubject[s]
+		p.buf = invalidation.AppendTxn(p.buf[:0], &txn)
+		msg := &nats.Msg{Subject: s, Data: append([]byte(nil), p.buf...)}
+		f, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(invalidation.MsgID(txn.CommitLSN, s)), jetstream.WithStallWait(30*time.Second))
+		if err != nil {
+			return fmt.Errorf("publisher: publish %s: %w", s, err)
+		}
+		p.pending = append(p.pending, f)
+		p.m.messages.Inc()
+	}
+	p.m.tags.Add(float64(len(changes)))
+	p.m.lagSeconds.Set(time.Since(m.CommitTime).Seconds())
+	p.m.publishLatency.Observe(max(time.Since(m.CommitTime).Seconds(), 0))
+	return nil
+}
+
+// collapse replaces a very large change set by a flush of each table.
+func collapse(changes []invalidation.Change) []invalidation.Change {
+	var out []invalidation.Change
+	seen := map[string]bool{}
+	for _, c := range changes {
+		table := c.Tag
+		if i := strings.IndexByte(table, '('); i >= 0 && !c.Flush {
+			table = table[:i]
+		}
+		if !seen[table] {
+			seen[table] = true
+			out = append(out, invalidation.Change{Tag: table, Flush: true}, invalidation.Change{Tag: table, Rows: true})
+		}
+	}
+	return out
+}
+
+// heartbeat waits for JetStream to acknowledge every message so far, then
+// publishes a heartbeat at lsn and confirms lsn to the slot.
+func (p *Publisher) heartbeat(ctx context.Context, lsn pglogrepl.LSN) error {
+	if err := p.awaitAcks(ctx); err != nil {
+		return err
+	}
+	through := uint64(lsn) - 1 // every commit record starting before lsn
+	p.buf = invalidation.AppendHeartbeat(p.buf[:0], invalidation.Heartbeat{LSN: through, Time: time.Now()})
+	msg := &nats.Msg{Subject: invalidation.HeartbeatSubject(p.cfg.SubjectPrefix), Data: append([]byte(nil), p.buf...)}
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := p.js.PublishMsg(actx, msg, jetstream.WithMsgID(invalidation.HeartbeatMsgID(through))); err != nil {
+		return fmt.Errorf("publisher: publish heartbeat: %w", err)
+	}
+	p.m.heartbeats.Inc()
+	if p.cfg.Commits != nil {
+		p.cfg.Commits.Through(through)
+	}
+	if lsn > p.confirmed { // a restart resumes with the commits at or after lsn
+		p.confirmed = lsn
+	}
+	if p.walEnd > lsn {
+		p.m.lagBytes.Set(float64(p.walEnd - lsn))
+	} else {
+		p.m.lagBytes.Set(0)
+	}
+	if !p.inTxn {
+		p.m.lagSeconds.Set(0)
+	}
+	return nil
+}
+
+func (p *Publisher) awaitAcks(ctx context.Context) error {
+	if len(p.pending) == 0 {
+		return nil
+	}
+	timeout := time.NewTimer(30 * time.Second)
+	defer timeout.Stop()
+	for _, f := range p.pending {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("publisher: JetStream refused %s: %w", f.Msg().Subject, err)
+		case <-timeout.C:
+			return errors.New("publisher: JetStream acknowledgements timed out")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	clear(p.pending)
+	p.pending = p.pending[:0]
+	return nil
+}

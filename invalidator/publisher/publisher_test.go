@@ -1,0 +1,171 @@
+package publisher
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+)
+
+const itemsDDL = `
+CREATE TABLE items (id int PRIMARY KEY, category int, seller int, name text, qty int);
+ALTER TABLE items REPLICA IDENTITY FULL;
+CREATE TABLE bids (id int PRIMARY KEY, item_id int NOT NULL, user_id int NOT NULL, bid int);
+ALTER TABLE bids REPLICA IDENTITY FULL;
+CREATE TABLE users (id int PRIMARY KEY, nickname text UNIQUE, rating int);
+`
+
+func itemsSets() map[string][][]string {
+	return map[string][][]string{
+		"public.items": {{"id"}, {"category"}},
+		"public.bids":  {{"item_id", "user_id"}},
+		"public.users": {{"id"}},
+	}
+}
+
+func TestTagsPerChange(t *testing.T) {
+	h := newHarness(t, itemsDDL)
+	cfg := h.config()
+	cfg.TagColumns = itemsSets()
+	h.start(cfg)
+
+	cases := []struct {
+		name  string
+		stmts []string
+		want  string
+	}{
+		{"insert", []string{"INSERT INTO items VALUES (1, 5, 9, 'pen', 3)"},
+			"public.items(category)=5:rows public.items(id)=1:rows public.items:rows"},
+		{"update, keys unchanged", []string{"UPDATE items SET qty = 4 WHERE id = 1"},
+			"public.items(category)=5:cols=qty public.items(id)=1:cols=qty public.items:cols=qty"},
+		{"update, a key changed: old and new", []string{"UPDATE items SET category = 6, name = 'ink' WHERE id = 1"},
+			"public.items(category)=5:rows public.items(category)=6:rows public.items(id)=1:cols=category,name public.items:cols=category,name"},
+		{"update of the primary key", []string{"UPDATE items SET id = 2 WHERE id = 1"},
+			"public.items(category)=6:cols=id public.items(id)=1:rows public.items(id)=2:rows public.items:cols=id"},
+		{"update to NULL leaves the group", []string{"UPDATE items SET category = NULL WHERE id = 2"},
+			"public.items(category)=6:rows public.items(id)=2:cols=category public.items:cols=category"},
+		{"no-op update changes nothing", []string{"UPDATE items SET qty = qty WHERE id = 2"}, ""},
+		{"delete", []string{"DELETE FROM items WHERE id = 2"},
+			"public.items(id)=2:rows public.items:rows"},
+		{"multi-column set: each column its own value", []string{"INSERT INTO bids VALUES (1, 7, 3, 10)"},
+			"public.bids(item_id,user_id)=(7,3):rows public.bids:rows"},
+		{"two rows, two tables, one transaction", []string{"INSERT INTO items VALUES (3, 1, 1, 'a', 1)", "UPDATE bids SET bid = 11 WHERE id = 1"},
+			"public.bids(item_id,user_id)=(7,3):cols=bid public.bids:cols=bid public.items(category)=1:rows public.items(id)=3:rows public.items:rows"},
+		{"identity DEFAULT: changed columns unknown", []string{"INSERT INTO users VALUES (1, 'ann', 0)", "UPDATE users SET rating = 5 WHERE id = 1"},
+			"public.users(id)=1:rows public.users:rows"},
+		{"identity DEFAULT update", []string{"UPDATE users SET rating = 6 WHERE id = 1"},
+			"public.users(id)=1:all public.users:all"},
+		{"identity DEFAULT delete", []string{"DELETE FROM users WHERE id = 1"},
+			"public.users(id)=1:rows public.users:rows"},
+		{"truncate flushes", []string{"TRUNCATE bids"},
+			"flush:public.bids public.bids:rows"},
+	}
+	for _, c := range cases {
+		got := describe(h.step(c.stmts...))
+		if got != c.want {
+			t.Errorf("%s:\n got %s\nwant %s", c.name, got, c.want)
+		}
+	}
+}
+
+func TestDefaultSetsArePrimaryAndUniqueKeys(t *testing.T) {
+	h := newHarness(t, itemsDDL)
+	cfg := h.config()             // no QUMA file
+	cfg.FixReplicaIdentity = true // users(nickname) is not in the identity
+	h.start(cfg)
+	got := describe(h.step("INSERT INTO users VALUES (1, 'bob', 0)"))
+	want := "public.users(id)=1:rows public.users(nickname)=bob:rows public.users:rows"
+	if got != want {
+		t.Errorf("got %s\nwant %s", got, want)
+	}
+}
+
+// An UPDATE that leaves a TOASTed tag column alone sends it as "unchanged":
+// its value must come from the old row.
+func TestToastedTagColumn(t *testing.T) {
+	h := newHarness(t, `CREATE TABLE docs (id int PRIMARY KEY, key text NOT NULL, body text);
+ALTER TABLE docs REPLICA IDENTITY FULL;
+ALTER TABLE docs ALTER COLUMN key SET STORAGE EXTERNAL;`)
+	cfg := h.config()
+	cfg.TagColumns = map[string][][]string{"public.docs": {{"key"}}}
+	h.start(cfg)
+	b := make([]byte, 6000)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	big := hex.EncodeToString(b) // 12000 characters: stored out of line
+	h.step("INSERT INTO docs VALUES (1, '" + big + "', 'x')")
+	var external bool
+	if err := h.conn.QueryRow(context.Background(), `SELECT pg_column_size(key) < octet_length(key) OR pg_relation_size(reltoastrelid) > 0 FROM docs, pg_class WHERE relname = 'docs'`).Scan(&external); err != nil {
+		t.Fatal(err)
+	}
+	if !external {
+		t.Fatal("the key was not TOASTed: the test proves nothing")
+	}
+	got := h.step("UPDATE docs SET body = 'y' WHERE id = 1")
+	c, ok := got["public.docs(key)="+big]
+	if !ok || strings.Join(c.Columns, ",") != "body" || c.Rows {
+		t.Fatalf("the TOASTed key's tag: %v (have %d changes)", c, len(got))
+	}
+	if len(got) != 2 {
+		t.Errorf("changes: %s", describe(got))
+	}
+}
+
+func TestReplicaIdentityCheck(t *testing.T) {
+	h := newHarness(t, `CREATE TABLE inv (id int PRIMARY KEY, name text, qty int);
+CREATE TABLE logs (msg text);`)
+	cfg := h.config()
+	cfg.TagColumns = map[string][][]string{"public.inv": {{"name"}}}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = p.Run(context.Background())
+	var ie *IdentityError
+	if !errors.As(err, &ie) {
+		t.Fatalf("want an IdentityError, got %v", err)
+	}
+	for _, want := range []string{
+		"public.inv: tag columns name are not in its replica identity (id)",
+		"public.logs: no replica identity",
+		"ALTER TABLE public.inv REPLICA IDENTITY FULL;",
+		"ALTER TABLE public.logs REPLICA IDENTITY FULL;",
+		"--fix-replica-identity",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+
+	cfg.FixReplicaIdentity = true
+	h.start(cfg)
+	var ident string
+	if err := h.conn.QueryRow(context.Background(), `SELECT string_agg(relreplident::text, '' ORDER BY relname) FROM pg_class WHERE relname IN ('inv', 'logs')`).Scan(&ident); err != nil {
+		t.Fatal(err)
+	}
+	if ident != "ff" {
+		t.Fatalf("replica identities after the fix: %q", ident)
+	}
+	h.step("INSERT INTO inv VALUES (1, 'pen', 1)")
+	got := describe(h.step("UPDATE inv SET name = 'ink' WHERE id = 1"))
+	if want := "public.inv(name)=ink:rows public.inv(name)=pen:rows public.inv:cols=name"; got != want {
+		t.Errorf("got %s\nwant %s", got, want)
+	}
+}
+
+func TestSchemaChangeFlushes(t *testing.T) {
+	h := newHarness(t, itemsDDL)
+	cfg := h.config()
+	cfg.TagColumns = itemsSets()
+	h.start(cfg)
+	h.step("INSERT INTO items VALUES (1, 5, 9, 'pen', 3)")
+	h.step("ALTER TABLE items ADD COLUMN color text")
+	got := describe(h.step("UPDATE items SET color = 'red' WHERE id = 1"))
+	want := "flush:public.items public.items(category)=5:cols=color public.items(id)=1:cols=color public.items:rows"
+	if got != want {
+		t.Errorf("got %s\nwant %s", got, want)
+	}
+}
