@@ -35,7 +35,7 @@ func TestFlagErrors(t *testing.T) {
 	}{
 		{nil, "--pg is required"},
 		{[]string{"--pg", "postgres://x", "--prefix", "a b"}, "not a valid subject prefix"},
-		{[]string{"--pg", "postgres://x", "--pin-budget", "0"}, "--pin-budget"},
+		{[]string{"--pg", "postgres://x", "--pin-budget", "0"}, "pin budget"},
 		{[]string{"--pg", "postgres://x", "extra"}, "unexpected arguments"},
 		{[]string{"--pg", "postgres://x", "--quma", "/no/such/file.json", "--metrics", ""}, "no/such/file.json"},
 	} {

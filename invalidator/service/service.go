@@ -1,0 +1,196 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/invalidator/pincushion"
+	"github.com/larderdb/larder/invalidator/publisher"
+)
+
+// Options configure the invalidator service.
+type Options struct {
+	PG           string // PostgreSQL URL of a user that may replicate
+	NATS         string // NATS URL
+	QUMA         string // QUMA file with the tag column sets; "" for each table's keys
+	Slot         string
+	Publication  string
+	Tables       []string // for a new publication; empty: all tables
+	Prefix       string   // NATS subject prefix
+	Heartbeat    time.Duration
+	FixIdentity  bool
+	StreamMaxAge time.Duration
+	StreamMemory bool
+	Metrics      string // address of /metrics; "" for none
+	Pins         bool
+	PinInterval  time.Duration
+	MaxStaleness time.Duration
+	PinBudget    int
+}
+
+// Defaults returns the options the command line starts from.
+func Defaults() Options {
+	return Options{
+		NATS:         nats.DefaultURL,
+		Slot:         "larder_invalidator",
+		Publication:  "larder_invalidator",
+		Prefix:       invalidation.DefaultPrefix,
+		Heartbeat:    75 * time.Millisecond,
+		StreamMaxAge: time.Hour,
+		Metrics:      "127.0.0.1:9188",
+		Pins:         true,
+		PinInterval:  pincushion.DefaultInterval,
+		MaxStaleness: pincushion.DefaultMaxStaleness,
+		PinBudget:    pincushion.DefaultBudget,
+	}
+}
+
+// Validate reports options that cannot work.
+func (o *Options) Validate() error {
+	if o.PG == "" {
+		return fmt.Errorf("%w: a PostgreSQL URL is required", ErrConfig)
+	}
+	if o.Heartbeat <= 0 || o.PinInterval <= 0 || o.MaxStaleness <= 0 || o.PinBudget < 1 {
+		return fmt.Errorf("%w: the heartbeat, pin interval and max staleness must be positive and the pin budget at least 1", ErrConfig)
+	}
+	if err := invalidation.ValidPrefix(o.Prefix); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	return nil
+}
+
+// ErrConfig marks errors that retrying cannot fix.
+var ErrConfig = errors.New("configuration")
+
+// IsConfig reports whether err is a configuration error (including a
+// replica identity the start-up check refused).
+func IsConfig(err error) bool {
+	var ie *publisher.IdentityError
+	return errors.Is(err, ErrConfig) || errors.As(err, &ie)
+}
+
+// Run runs the publisher (resuming from the slot after any failure) and
+// the pincushion until ctx ends.
+func Run(ctx context.Context, o Options, log *slog.Logger) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	var sets map[string][][]string
+	if o.QUMA != "" {
+		var err error
+		if sets, err = publisher.ReadTagColumnsFile(o.QUMA); err != nil {
+			return fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	restarts := prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_restarts_total", Help: "Replication sessions restarted after an error."})
+	reg.MustRegister(restarts)
+
+	if o.Metrics != "" {
+		ln, err := net.Listen("tcp", o.Metrics)
+		if err != nil {
+			return fmt.Errorf("%w: metrics listener: %v", ErrConfig, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		log.Info("metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
+	}
+
+	nc, err := nats.Connect(o.NATS, nats.Name("larder-invalidator"), nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
+		nats.ReconnectHandler(func(*nats.Conn) { log.Info("NATS reconnected") }))
+	if err != nil {
+		return fmt.Errorf("connect to NATS %s: %w", o.NATS, err)
+	}
+	defer nc.Close()
+
+	commits := pincushion.NewCommitLog(pincushion.DefaultRetain)
+	pub, err := publisher.New(publisher.Config{
+		ConnString:         o.PG,
+		Slot:               o.Slot,
+		Publication:        o.Publication,
+		Tables:             o.Tables,
+		TagColumns:         sets,
+		FixReplicaIdentity: o.FixIdentity,
+		NATS:               nc,
+		SubjectPrefix:      o.Prefix,
+		Heartbeat:          o.Heartbeat,
+		StreamMaxAge:       o.StreamMaxAge,
+		StreamMemory:       o.StreamMemory,
+		Commits:            commits,
+		Log:                log,
+		Metrics:            reg,
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+
+	cushionDone := make(chan error, 1)
+	if o.Pins {
+		cushion, err := pincushion.New(pincushion.Config{
+			ConnString:    o.PG,
+			NATS:          nc,
+			SubjectPrefix: o.Prefix,
+			Interval:      o.PinInterval,
+			MaxStaleness:  o.MaxStaleness,
+			Budget:        o.PinBudget,
+			Log:           log,
+			Metrics:       reg,
+		}, commits)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+		go func() { cushionDone <- cushion.Run(ctx) }()
+	} else {
+		cushionDone <- nil
+	}
+
+	// The publisher resumes from the slot after any failure; only a
+	// configuration error (replica identity) stops the process.
+	backoff := time.Second
+	for {
+		start := time.Now()
+		err := pub.Run(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		var ie *publisher.IdentityError
+		if errors.As(err, &ie) {
+			return err
+		}
+		if time.Since(start) > time.Minute {
+			backoff = time.Second
+		}
+		restarts.Inc()
+		log.Error("replication session failed; resuming from the slot", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+	if err := <-cushionDone; err != nil {
+		return fmt.Errorf("pincushion: %w", err)
+	}
+	return nil
+}
