@@ -8,11 +8,14 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+	"time"
+
+	"github.com/jackc/pglogrepl"
 )
 
 func main() {
 	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "demo") {
-		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded]")
+		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-invalidator-metrics ADDR]")
 		os.Exit(2)
 	}
 	verb := os.Args[1]
@@ -23,6 +26,7 @@ func main() {
 	fs.IntVar(&cfg.NATSPort, "nats-port", cfg.NATSPort, "NATS port on 127.0.0.1 (0: any free port)")
 	fs.IntVar(&cfg.RedisPort, "redis-port", cfg.RedisPort, "Redis port on 127.0.0.1 (0: any free port)")
 	fs.StringVar(&cfg.NATSBin, "nats-bin", cfg.NATSBin, `nats-server binary to run, or "embedded" to run NATS in this process`)
+	fs.StringVar(&cfg.InvalidatorMetrics, "invalidator-metrics", cfg.InvalidatorMetrics, `address of the invalidator's /metrics ("" for none)`)
 	_ = fs.Parse(os.Args[2:])
 	if cfg.NATSBin == "embedded" {
 		cfg.NATSBin = ""
@@ -50,7 +54,7 @@ func run(verb string, cfg Config) error {
 	sort.Strings(names)
 	fmt.Printf("Larder local stack is up (data in %s)\n", cfg.Dir)
 	for _, k := range names {
-		fmt.Printf("  %-17s %s\n", k, urls[k])
+		fmt.Printf("  %-27s %s\n", k, urls[k])
 	}
 	fmt.Printf("  (also written to %s)\n", s.EnvFile())
 
@@ -62,6 +66,9 @@ func run(verb string, cfg Config) error {
 		fmt.Printf("PostgreSQL %s, wal_level=%s: larder_demo now holds %d row(s)\n", r.PostgresVersion, r.WALLevel, r.DemoRows)
 		fmt.Printf("JetStream acknowledged message #%d on stream LARDER_SMOKE\n", r.JetStreamSeq)
 		fmt.Printf("Redis counter larder:smoke:runs = %d\n", r.RedisRuns)
+		fmt.Printf("Invalidator: the insert (commit LSN %s) was invalidated on NATS %s after COMMIT returned\n", r.InvalidationLSN, r.InvalidationDelay.Round(time.Microsecond))
+		newest := r.Pins[len(r.Pins)-1]
+		fmt.Printf("Pincushion: %d exact pinned snapshot(s); newest %s at LSN %s\n", len(r.Pins), newest.SnapshotID, pglogrepl.LSN(newest.LSN))
 	} else {
 		fmt.Println("Ctrl-C or SIGTERM stops it.")
 		<-ctx.Done()

@@ -4,13 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/larderdb/larder/internal/servers"
+	"github.com/larderdb/larder/invalidator/service"
 )
 
 // Config configures the local stack.
@@ -23,17 +28,23 @@ type Config struct {
 	// NATSBin runs that nats-server binary as its own process, as a
 	// deployment would; empty embeds NATS in this process.
 	NATSBin string
+	// InvalidatorMetrics is the address of the invalidator's /metrics
+	// ("127.0.0.1:0" picks a free port, "" serves none).
+	InvalidatorMetrics string
+	// Log receives the invalidator's log; nil discards it.
+	Log *slog.Logger
 }
 
 // DefaultConfig keeps data in ./.larder-local and uses ports beside, not on,
 // the usual ones, so a system PostgreSQL or Redis on the machine is left alone.
 func DefaultConfig() Config {
 	return Config{
-		Dir:          ".larder-local",
-		PostgresPort: 15432,
-		NATSPort:     14222,
-		RedisPort:    16379,
-		NATSBin:      "nats-server",
+		Dir:                ".larder-local",
+		PostgresPort:       15432,
+		NATSPort:           14222,
+		RedisPort:          16379,
+		NATSBin:            "nats-server",
+		InvalidatorMetrics: "127.0.0.1:19188",
 	}
 }
 
@@ -50,13 +61,18 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Stack is the running local stack: PostgreSQL, NATS with JetStream, Redis.
-// Later components (invalidator, cache-nodes, the RUBiS app) join it.
+// Stack is the running local stack: PostgreSQL, NATS with JetStream, Redis
+// and the invalidator (with its pincushion) on the "postgres" database.
+// Later components (cache-nodes, the RUBiS app) join it.
 type Stack struct {
 	PG    *servers.Postgres
 	NATS  *servers.NATS
 	Redis *servers.Redis
 	dir   string
+
+	stopInvalidator context.CancelFunc
+	invalidatorDone chan error
+	metricsAddr     string
 
 	closeOnce sync.Once
 	closeErr  error
@@ -93,6 +109,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: Redis: %w", err)
 	}
+	if err := s.startInvalidator(cfg); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("local: invalidator: %w", err)
+	}
 	if err := os.WriteFile(s.EnvFile(), []byte(s.envText()), 0o644); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: %w", err)
@@ -100,13 +120,60 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	return s, nil
 }
 
+// startInvalidator runs the invalidator in this process. A configuration
+// error (say, a table without a replica identity) stops the start.
+func (s *Stack) startInvalidator(cfg Config) error {
+	o := service.Defaults()
+	o.PG, o.NATS = s.PG.URL("postgres"), s.NATS.URL()
+	o.Metrics = ""
+	if cfg.InvalidatorMetrics != "" {
+		ln, err := net.Listen("tcp", cfg.InvalidatorMetrics)
+		if err != nil {
+			return err
+		}
+		s.metricsAddr = ln.Addr().String()
+		ln.Close()
+		o.Metrics = s.metricsAddr
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopInvalidator = cancel
+	s.invalidatorDone = make(chan error, 1)
+	go func() { s.invalidatorDone <- service.Run(ctx, o, log) }()
+	// A configuration error shows at once; otherwise it is running.
+	select {
+	case err := <-s.invalidatorDone:
+		s.invalidatorDone <- err
+		if err != nil && service.IsConfig(err) {
+			return err
+		}
+	case <-time.After(500 * time.Millisecond):
+	}
+	return nil
+}
+
+// InvalidatorMetricsURL is the invalidator's Prometheus endpoint, if any.
+func (s *Stack) InvalidatorMetricsURL() string {
+	if s.metricsAddr == "" {
+		return ""
+	}
+	return "http://" + s.metricsAddr + "/metrics"
+}
+
 // URLs are the stack's endpoints, by environment variable name.
 func (s *Stack) URLs() map[string]string {
-	return map[string]string{
+	m := map[string]string{
 		"LARDER_PG_URL":    s.PG.URL("postgres"),
 		"LARDER_NATS_URL":  s.NATS.URL(),
 		"LARDER_REDIS_URL": s.Redis.URL(),
 	}
+	if u := s.InvalidatorMetricsURL(); u != "" {
+		m["LARDER_INVALIDATOR_METRICS"] = u
+	}
+	return m
 }
 
 // EnvFile is where the stack writes its URLs for other tools to source.
@@ -130,6 +197,12 @@ func (s *Stack) envText() string {
 func (s *Stack) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
+		if s.stopInvalidator != nil {
+			s.stopInvalidator()
+			if err := <-s.invalidatorDone; err != nil {
+				errs = append(errs, fmt.Errorf("invalidator: %w", err))
+			}
+		}
 		if s.Redis != nil {
 			errs = append(errs, s.Redis.Close())
 		}

@@ -35,6 +35,9 @@ func TestStackKeepsDataAcrossRestarts(t *testing.T) {
 			_ = s.Close()
 			t.Fatal(err)
 		}
+		if r.InvalidationLSN == "" || len(r.Pins) == 0 {
+			t.Errorf("round %d: invalidation %q, %d pins", round, r.InvalidationLSN, len(r.Pins))
+		}
 		if r.WALLevel != "logical" {
 			t.Errorf("wal_level = %q", r.WALLevel)
 		}
