@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,11 +16,14 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/internal/servers"
 	"github.com/larderdb/larder/internal/tags"
+	"github.com/larderdb/larder/internal/testenv"
 )
 
 // ordDDL is the table the concurrent writers share: every writer inserts,
@@ -433,6 +438,33 @@ func (c *commitRange) get() (first, last uint64, n int) {
 	return c.first, c.last, c.n
 }
 
+// replicating is a CommitRecorder whose channel closes at the first
+// heartbeat: the publisher then decodes every transaction that begins
+// afterwards.
+type replicating struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func newReplicating() *replicating { return &replicating{ch: make(chan struct{})} }
+
+func (r *replicating) Commit(uint32, uint64) {}
+
+func (r *replicating) Through(uint64) { r.once.Do(func() { close(r.ch) }) }
+
+// wait returns once the publisher of s replicates, failing the test if s
+// ends first.
+func (r *replicating) wait(t testing.TB, s *session) {
+	t.Helper()
+	select {
+	case <-r.ch:
+	case <-s.done:
+		t.Fatalf("publisher stopped: %v", s.err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("no heartbeat within a minute")
+	}
+}
+
 // counterValue reads a counter from a registry.
 func counterValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
@@ -581,11 +613,14 @@ func resumeAfterRefusal(t *testing.T, reuse bool) {
 	h := newHarness(t, ordDDL)
 	cfg := h.config()
 	cfg.TagColumns = ordSets()
+	started := newReplicating()
+	cfg.Commits = started
 	p1, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s1 := runSession(t, p1)
+	started.wait(t, s1)
 	h.readStream()
 
 	total := int64(orderWriters * orderPerWriter)
@@ -665,4 +700,101 @@ func resumeAfterRefusal(t *testing.T, reuse bool) {
 	}
 	t.Logf("slot confirmed at %s when JetStream refused; %d transactions committed, %d rolled back; stream: %d transaction messages, %d heartbeats, %d stored twice",
 		refusedAt, len(w.committed), len(w.aborted), st.txnMsgs, st.heartbeats, st.duplicates)
+}
+
+// A NATS server restarted in the middle of a burst (its JetStream store
+// kept) fails the publisher's outstanding publishes; a publisher started
+// again on the same slot once NATS is back loses nothing, and the restarted
+// server still de-duplicates what is republished.
+func TestResumeAfterNATSRestart(t *testing.T) {
+	dir, err := testenv.TempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	ncfg := servers.DefaultNATSConfig(filepath.Join(dir, "nats"))
+	ns, err := servers.StartNATS(context.Background(), ncfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Close() })
+	ncfg.Port = ns.Port()
+
+	h := newHarness(t, ordDDL)
+	// The publisher's connection reconnects for ever, as the invalidator's does.
+	pubNC, err := nats.Connect(ns.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pubNC.Close)
+	cfg := h.config()
+	cfg.NATS = pubNC
+	cfg.TagColumns = ordSets()
+	started := newReplicating()
+	cfg.Commits = started
+	s1 := h.startPublisher(cfg)
+	started.wait(t, s1)
+
+	total := int64(orderWriters * orderPerWriter)
+	third, twoThirds := newMilestone(total/3), newMilestone(2*total/3)
+	var (
+		wg sync.WaitGroup
+		w  *workload
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w = runWriters(t, h.url, h.prefix, orderWriters, orderPerWriter, func(d int64) { third.note(d); twoThirds.note(d) })
+		third.note(total)
+		twoThirds.note(total)
+	}()
+
+	<-third.ch
+	if err := ns.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A publisher with messages outstanding fails at once; one that had
+	// none waits for NATS to come back and goes on.
+	failed := false
+	select {
+	case <-s1.done:
+		failed = true
+	case <-time.After(2 * time.Second):
+	}
+	<-twoThirds.ch
+	if ns, err = servers.StartNATS(context.Background(), ncfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Close() })
+	sessions := 1
+	last := s1
+	if failed {
+		t.Logf("first session, NATS down: %v", s1.err)
+		if s1.err == nil {
+			t.Fatal("the first session ended without an error")
+		}
+		last = h.startPublisher(cfg)
+		sessions++
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// Read the stream from its start, on the restarted server.
+	if h.nc, err = nats.Connect(ns.URL()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.nc.Close)
+	h.readStream()
+	msgs := h.collectThrough(h.walLSN())
+	if err := last.stop(); err != nil {
+		t.Errorf("last session: %v", err)
+	}
+	st := verifyStream(t, h.prefix, msgs, w, false)
+	if st.txns != len(w.committed) {
+		t.Errorf("%d transactions in the stream, %d committed", st.txns, len(w.committed))
+	}
+	t.Logf("%d publisher sessions; %d transactions committed, %d rolled back; stream: %d transaction messages, %d heartbeats, %d stored twice",
+		sessions, len(w.committed), len(w.aborted), st.txnMsgs, st.heartbeats, st.duplicates)
 }

@@ -1,0 +1,579 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/larderdb/larder/cache-node/store"
+	"github.com/larderdb/larder/internal/invalidation"
+)
+
+// Config configures a Node.
+type Config struct {
+	// NATS is the node's connection. All of its groups and the heartbeats
+	// arrive on it, in the order the server routed them: the node's
+	// reasoning depends on that order, so give it a connection of its own.
+	NATS    *nats.Conn
+	Prefix  string // subject prefix; default "larder"
+	Backend store.Backend
+	// HistoryDepth is how many recent invalidations the node keeps per
+	// group to place a late put's end exactly (default 8).
+	HistoryDepth int
+	// EventBuffer is the capacity of the queue between NATS and the node
+	// (default 1<<16). A queue half full is treated as a gap.
+	EventBuffer int
+	Log         *slog.Logger
+	Metrics     prometheus.Registerer
+}
+
+// PutRequest is a result a client computed at Snapshot.
+type PutRequest struct {
+	Key      []byte
+	Snapshot uint64
+	Deps     []store.Dep
+	Value    []byte
+	Template string // for per-template metrics; may be empty
+}
+
+// Node applies the invalidation stream to a backend and decides the
+// validity interval of every result put into it.
+type Node struct {
+	cfg Config
+	m   *metrics
+	js  jetstream.JetStream
+
+	events chan *nats.Msg
+	marker *nats.Msg // a pointer pushed into events after a flush
+
+	mu         sync.Mutex
+	watermark  uint64
+	hbTime     time.Time
+	groups     map[string]*group // by name
+	bySubject  map[string]*group
+	subs       map[string]*nats.Subscription // by subject
+	reconnects uint64
+	toConfirm  []*group // subscribed, waiting for the marker
+	markerSent bool
+
+	confirmCh chan []*group
+	released  chan []string
+	wmAtomic  atomic.Uint64
+}
+
+// skipJetStreamCheckForTest breaks the node on purpose (groups are
+// confirmed without asking JetStream for what was published before the
+// subscription) so that a test can show it notices.
+var skipJetStreamCheckForTest bool
+
+// New checks the configuration; Run starts the node.
+func New(cfg Config) (*Node, error) {
+	if cfg.NATS == nil || cfg.Backend == nil {
+		return nil, errors.New("node: a NATS connection and a backend are required")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = invalidation.DefaultPrefix
+	}
+	if err := invalidation.ValidPrefix(cfg.Prefix); err != nil {
+		return nil, err
+	}
+	if cfg.HistoryDepth <= 0 {
+		cfg.HistoryDepth = 8
+	}
+	if cfg.EventBuffer <= 0 {
+		cfg.EventBuffer = 1 << 16
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	js, err := jetstream.New(cfg.NATS)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{
+		cfg:       cfg,
+		js:        js,
+		events:    make(chan *nats.Msg, cfg.EventBuffer),
+		marker:    &nats.Msg{},
+		groups:    map[string]*group{},
+		bySubject: map[string]*group{},
+		subs:      map[string]*nats.Subscription{},
+		confirmCh: make(chan []*group, 1024),
+		released:  make(chan []string, 1024),
+	}
+	n.m = newMetrics(cfg.Metrics, n)
+	return n, nil
+}
+
+// OnRelease is the callback to give a memory backend: it tells the node
+// which groups no open version depends on any more.
+func (n *Node) OnRelease(names []string) {
+	select {
+	case n.released <- names:
+	default: // the periodic sweep finds them
+	}
+}
+
+// Watermark is the LSN up to which the node knows every invalidation of
+// its groups.
+func (n *Node) Watermark() uint64 { return n.wmAtomic.Load() }
+
+// Run subscribes to heartbeats and applies the stream until ctx ends.
+func (n *Node) Run(ctx context.Context) error {
+	if p, ok := n.cfg.Backend.(store.Persistent); ok {
+		wm, saved, err := p.SavedWatermark(ctx)
+		if err != nil {
+			return fmt.Errorf("node: saved watermark: %w", err)
+		}
+		if saved {
+			// What was open when the node stopped is proved only up to there.
+			if err := n.cfg.Backend.EndOpen(ctx, wm+1); err != nil {
+				return fmt.Errorf("node: end open versions at the saved watermark: %w", err)
+			}
+			n.cfg.Log.Info("restarted: open versions ended at the saved watermark", "watermark", wm)
+		}
+	}
+	n.reconnects = n.cfg.NATS.Stats().Reconnects
+	hb, err := n.cfg.NATS.ChanSubscribe(invalidation.HeartbeatSubject(n.cfg.Prefix), n.events)
+	if err != nil {
+		return fmt.Errorf("node: subscribe to heartbeats: %w", err)
+	}
+	defer hb.Unsubscribe()
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); n.confirmLoop(ctx) }()
+	go func() { defer wg.Done(); n.sweepLoop(ctx) }()
+	defer wg.Wait()
+
+	saveTick := time.NewTicker(time.Second)
+	defer saveTick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			n.mu.Lock()
+			for s, sub := range n.subs {
+				_ = sub.Unsubscribe()
+				delete(n.subs, s)
+			}
+			n.mu.Unlock()
+			n.saveWatermark(context.Background())
+			return nil
+		case <-saveTick.C:
+			n.saveWatermark(ctx)
+		case msg := <-n.events:
+			if err := n.handle(ctx, msg); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (n *Node) saveWatermark(ctx context.Context) {
+	if p, ok := n.cfg.Backend.(store.Persistent); ok {
+		if wm := n.Watermark(); wm > 0 {
+			if err := p.SaveWatermark(ctx, wm); err != nil {
+				n.cfg.Log.Warn("save watermark", "err", err)
+			}
+		}
+	}
+}
+
+// handle processes one event in arrival order.
+func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.events) >= cap(n.events)/2 {
+		// The queue may overflow (NATS then drops messages): whatever
+		// follows cannot be proved gapless.
+		n.gapLocked(ctx, "event queue half full")
+	}
+	if msg == n.marker {
+		n.markerSent = false
+		for _, g := range n.toConfirm {
+			g.awaitingHB = true
+		}
+		n.toConfirm = n.toConfirm[:0]
+		return nil
+	}
+	d, err := invalidation.Decode(msg.Data)
+	if err != nil {
+		n.m.corrupt.Inc()
+		n.cfg.Log.Warn("undecodable invalidation message", "subject", msg.Subject, "err", err)
+		// A message we cannot read may have invalidated anything.
+		n.gapLocked(ctx, "undecodable message")
+		return nil
+	}
+	if d.Heartbeat != nil {
+		if r := n.cfg.NATS.Stats().Reconnects; r != n.reconnects {
+			n.reconnects = r
+			n.gapLocked(ctx, "NATS reconnected")
+		}
+		if d.Heartbeat.LSN > n.watermark {
+			n.watermark = d.Heartbeat.LSN
+			n.wmAtomic.Store(n.watermark)
+			n.hbTime = d.Heartbeat.Time
+		}
+		var ready []*group
+		for _, g := range n.groups {
+			if g.awaitingHB {
+				g.awaitingHB = false
+				ready = append(ready, g)
+			}
+		}
+		if len(ready) > 0 {
+			select {
+			case n.confirmCh <- ready:
+			default:
+				n.cfg.Log.Warn("confirmation queue full; groups stay unconfirmed until their next put")
+				for _, g := range ready {
+					g.awaitingHB = true
+				}
+			}
+		}
+		return nil
+	}
+	g := n.bySubject[msg.Subject]
+	if g == nil {
+		return nil // unsubscribed since
+	}
+	var mine []invalidation.Change
+	for _, c := range d.Txn.Changes {
+		if c.Flush == g.flush && (c.Tag == g.name || (g.flush && c.Tag == g.table)) {
+			mine = append(mine, c)
+		}
+	}
+	if len(mine) == 0 {
+		return nil // a hash collision: not ours
+	}
+	g.record(d.Txn.CommitLSN, mine, n.cfg.HistoryDepth)
+	if err := n.cfg.Backend.Invalidate(ctx, d.Txn.CommitLSN, mine); err != nil {
+		n.cfg.Log.Error("apply invalidation", "err", err)
+		n.gapLocked(ctx, "backend refused an invalidation")
+		return nil
+	}
+	n.m.invalidations.Inc()
+	return nil
+}
+
+// gapLocked handles a possible gap in the stream: every open version ends
+// at the watermark + 1 (it stays usable for older snapshots), and every
+// group is forgotten and unsubscribed; new puts subscribe and confirm
+// again.
+func (n *Node) gapLocked(ctx context.Context, why string) {
+	n.m.gaps.WithLabelValues(why).Inc()
+	n.cfg.Log.Warn("gap in the invalidation stream: open versions end at the watermark", "why", why, "watermark", n.watermark)
+	if err := n.cfg.Backend.EndOpen(ctx, n.watermark+1); err != nil {
+		n.cfg.Log.Error("end open versions", "err", err)
+	}
+	for s, sub := range n.subs {
+		_ = sub.Unsubscribe()
+		delete(n.subs, s)
+	}
+	for _, g := range n.groups {
+		for _, p := range g.waiting {
+			p.left = -1 // never confirmed: it stays pending and unserved
+		}
+	}
+	clear(n.groups)
+	clear(n.bySubject)
+	n.toConfirm = n.toConfirm[:0]
+	n.m.groups.Set(0)
+}
+
+// Lookup answers a lookup for timestamps in [tmin, tmax].
+func (n *Node) Lookup(ctx context.Context, key []byte, tmin, tmax uint64, template string) (store.Result, error) {
+	r, err := n.cfg.Backend.Lookup(ctx, key, tmin, tmax, n.Watermark())
+	if err != nil {
+		n.m.errors.WithLabelValues("lookup").Inc()
+		return r, err
+	}
+	n.m.lookup(r.Miss, template)
+	return r, nil
+}
+
+// Put stores a result computed at req.Snapshot. The node decides its
+// interval from what it knows of its groups; when it does not yet follow a
+// group, it subscribes, and the version waits (unserved) until the group
+// is confirmed: a heartbeat routed after the subscription, then the
+// group's last message in JetStream.
+func (n *Node) Put(ctx context.Context, req PutRequest) error {
+	if req.Snapshot == 0 {
+		return errors.New("node: put without a snapshot")
+	}
+	for _, d := range req.Deps {
+		if d.Tag == "" || d.Table == "" {
+			return errors.New("node: a dependency without a tag or table")
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var gs []*group
+	var deps []store.Dep // aligned with gs
+	unconfirmed := 0
+	for _, d := range req.Deps {
+		for _, flush := range []bool{false, true} {
+			g, err := n.groupLocked(d, flush)
+			if err != nil {
+				return err
+			}
+			gs, deps = append(gs, g), append(deps, d)
+			if !g.confirmed {
+				unconfirmed++
+			}
+		}
+	}
+	v := store.Version{Lo: req.Snapshot, Hi: store.Open, Snapshot: req.Snapshot, Deps: req.Deps, Value: req.Value}
+	if unconfirmed == 0 {
+		v.Lo, v.Hi = n.intervalLocked(req.Snapshot, gs, deps)
+	} else {
+		v.Pending = true
+	}
+	if err := n.cfg.Backend.Put(ctx, req.Key, &v); err != nil {
+		n.m.errors.WithLabelValues("put").Inc()
+		return err
+	}
+	n.m.puts.Inc()
+	if v.Pending {
+		p := &pendingPut{key: append([]byte(nil), req.Key...), snapshot: req.Snapshot, deps: deps, groups: gs, left: unconfirmed}
+		for _, g := range gs {
+			if !g.confirmed {
+				g.waiting = append(g.waiting, p)
+			}
+		}
+	}
+	return nil
+}
+
+// intervalLocked intersects what every group proves.
+func (n *Node) intervalLocked(s uint64, gs []*group, deps []store.Dep) (lo, hi uint64) {
+	lo, hi = 0, store.Open
+	for i, g := range gs {
+		l, h := g.interval(s, deps[i])
+		lo, hi = max(lo, l), min(hi, h)
+	}
+	return min(lo, s), hi
+}
+
+// groupLocked returns the group of a dependency's tag (or its table's
+// flushes), subscribing when the node does not follow it yet.
+func (n *Node) groupLocked(d store.Dep, flush bool) (*group, error) {
+	name, subject := d.Tag, invalidation.TagSubject(n.cfg.Prefix, d.Tag)
+	if flush {
+		name, subject = store.TableName(d.Table), invalidation.FlushSubject(n.cfg.Prefix, d.Table)
+	}
+	if g := n.groups[name]; g != nil {
+		return g, nil
+	}
+	g := &group{name: name, subject: subject, flush: flush, table: d.Table}
+	if n.bySubject[subject] == nil {
+		sub, err := n.cfg.NATS.ChanSubscribe(subject, n.events)
+		if err != nil {
+			return nil, fmt.Errorf("node: subscribe: %w", err)
+		}
+		n.subs[subject] = sub
+		n.bySubject[subject] = g
+	} else {
+		// Two names on one subject (a hash collision): share the
+		// subscription; messages are matched by name.
+		return nil, fmt.Errorf("node: groups %s and %s share subject %s", n.bySubject[subject].name, name, subject)
+	}
+	n.groups[name] = g
+	n.toConfirm = append(n.toConfirm, g)
+	n.m.groups.Set(float64(len(n.groups)))
+	if !n.markerSent {
+		n.markerSent = true
+		go n.sendMarker()
+	}
+	return g, nil
+}
+
+// sendMarker flushes the connection (the server has then processed every
+// subscription made before) and queues the marker behind whatever NATS
+// delivered until then: the first heartbeat after the marker was routed
+// after the subscriptions took effect.
+func (n *Node) sendMarker() {
+	if err := n.cfg.NATS.FlushTimeout(10 * time.Second); err != nil {
+		n.cfg.Log.Warn("flush after subscribing", "err", err)
+	}
+	n.events <- n.marker
+}
+
+// confirmLoop asks JetStream, for each group whose subscription is proved
+// effective, for its last invalidation, then confirms the versions that
+// waited for it.
+func (n *Node) confirmLoop(ctx context.Context) {
+	name := invalidation.StreamName(n.cfg.Prefix)
+	for {
+		var batch []*group
+		select {
+		case <-ctx.Done():
+			return
+		case batch = <-n.confirmCh:
+		}
+		stream, err := n.js.Stream(ctx, name)
+		if err != nil {
+			n.retryLater(batch, err)
+			continue
+		}
+		floor, err := streamFloor(ctx, stream)
+		if err != nil {
+			n.retryLater(batch, err)
+			continue
+		}
+		type last struct {
+			lsn     uint64
+			changes []invalidation.Change
+			found   bool
+		}
+		lasts := make([]last, len(batch))
+		failed := false
+		for i, g := range batch {
+			if skipJetStreamCheckForTest {
+				floor = 0
+				continue
+			}
+			raw, err := stream.GetLastMsgForSubject(ctx, g.subject)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue
+			}
+			if err != nil {
+				n.retryLater(batch, err)
+				failed = true
+				break
+			}
+			d, err := invalidation.Decode(raw.Data)
+			if err != nil || d.Txn == nil {
+				n.retryLater(batch, fmt.Errorf("last message of %s: %v", g.subject, err))
+				failed = true
+				break
+			}
+			lasts[i] = last{lsn: d.Txn.CommitLSN, changes: d.Txn.Changes, found: true}
+		}
+		if failed {
+			continue
+		}
+		n.mu.Lock()
+		for i, g := range batch {
+			if n.groups[g.name] != g {
+				continue // forgotten since (a gap)
+			}
+			g.confirmed = true
+			since := floor
+			if lasts[i].found {
+				since = lasts[i].lsn - 1
+			}
+			g.completeSince = max(g.completeSince, since)
+			if lasts[i].found {
+				g.record(lasts[i].lsn, lasts[i].changes, n.cfg.HistoryDepth)
+			}
+			// Live entries older than what is proved complete stay: they
+			// are true, just not known to be all.
+			for _, p := range g.waiting {
+				if p.left < 0 {
+					continue
+				}
+				p.left--
+				if p.left == 0 {
+					lo, hi := n.intervalLocked(p.snapshot, p.groups, p.deps)
+					if err := n.cfg.Backend.Confirm(ctx, p.key, p.snapshot, lo, hi); err != nil {
+						n.cfg.Log.Warn("confirm version", "err", err)
+					}
+				}
+			}
+			g.waiting = nil
+		}
+		n.mu.Unlock()
+	}
+}
+
+// streamFloor is the LSN of the oldest message JetStream still holds:
+// invalidations after it are all in the stream.
+func streamFloor(ctx context.Context, s jetstream.Stream) (uint64, error) {
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if info.State.Msgs == 0 {
+		return 0, errors.New("the invalidation stream is empty")
+	}
+	raw, err := s.GetMsg(ctx, info.State.FirstSeq)
+	if err != nil {
+		return 0, err
+	}
+	d, err := invalidation.Decode(raw.Data)
+	if err != nil {
+		return 0, err
+	}
+	return d.LSN(), nil
+}
+
+func (n *Node) retryLater(batch []*group, err error) {
+	n.m.errors.WithLabelValues("confirm").Inc()
+	n.cfg.Log.Warn("cannot confirm groups yet", "groups", len(batch), "err", err)
+	n.mu.Lock()
+	for _, g := range batch {
+		if n.groups[g.name] == g {
+			g.awaitingHB = true // the next heartbeat tries again
+		}
+	}
+	n.mu.Unlock()
+}
+
+// sweepLoop unsubscribes from groups no open version depends on.
+func (n *Node) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		var names []string
+		select {
+		case <-ctx.Done():
+			return
+		case names = <-n.released:
+		case <-t.C:
+			n.mu.Lock()
+			for name, g := range n.groups {
+				if g.confirmed {
+					names = append(names, name)
+				}
+			}
+			n.mu.Unlock()
+		}
+		n.unsubscribeUnheld(ctx, names)
+	}
+}
+
+func (n *Node) unsubscribeUnheld(ctx context.Context, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	sort.Strings(names)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	held, err := n.cfg.Backend.Holds(ctx, names)
+	if err != nil {
+		return
+	}
+	for i, name := range names {
+		g := n.groups[name]
+		if held[i] || g == nil || len(g.waiting) > 0 || !g.confirmed {
+			continue
+		}
+		if sub := n.subs[g.subject]; sub != nil {
+			_ = sub.Unsubscribe()
+			delete(n.subs, g.subject)
+		}
+		delete(n.bySubject, g.subject)
+		delete(n.groups, name)
+	}
+	n.m.groups.Set(float64(len(n.groups)))
+}

@@ -1,0 +1,334 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/larderdb/larder/cache-node/store"
+	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, testenv.Need{NATS: true}, &env))
+}
+
+var seq atomic.Int64
+
+// fakeInvalidator publishes like the invalidator: transactions on their
+// tags' subjects through JetStream, and heartbeats after them.
+type fakeInvalidator struct {
+	t      *testing.T
+	js     jetstream.JetStream
+	prefix string
+	mu     sync.Mutex
+	lsn    uint64
+}
+
+func newFake(t *testing.T, nc *nats.Conn) *fakeInvalidator {
+	f := &fakeInvalidator{t: t, prefix: fmt.Sprintf("n%d", seq.Add(1)), lsn: 1000}
+	var err error
+	if f.js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{
+		Name: invalidation.StreamName(f.prefix), Subjects: invalidation.StreamSubjects(f.prefix), Storage: jetstream.MemoryStorage,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			f.heartbeat()
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return f
+}
+
+func (f *fakeInvalidator) heartbeat() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := invalidation.AppendHeartbeat(nil, invalidation.Heartbeat{LSN: f.lsn, Time: time.Now()})
+	if _, err := f.js.Publish(context.Background(), invalidation.HeartbeatSubject(f.prefix), b); err != nil && !isClosed(err) {
+		f.t.Errorf("heartbeat: %v", err)
+	}
+}
+
+func isClosed(err error) bool { return err == nats.ErrConnectionClosed }
+
+// commit publishes one transaction and returns its commit LSN.
+func (f *fakeInvalidator) commit(changes ...invalidation.Change) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lsn += 10
+	by := map[string][]invalidation.Change{}
+	for _, c := range changes {
+		s := invalidation.TagSubject(f.prefix, c.Tag)
+		if c.Flush {
+			s = invalidation.FlushSubject(f.prefix, c.Tag)
+		}
+		by[s] = append(by[s], c)
+	}
+	for s, cs := range by {
+		b := invalidation.AppendTxn(nil, &invalidation.Txn{CommitLSN: f.lsn, EndLSN: f.lsn + 1, XID: uint32(f.lsn), CommitTime: time.Now(), Changes: cs})
+		if _, err := f.js.Publish(context.Background(), s, b, jetstream.WithMsgID(invalidation.MsgID(f.lsn, s))); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	return f.lsn
+}
+
+func (f *fakeInvalidator) now() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lsn
+}
+
+type harness struct {
+	t    *testing.T
+	f    *fakeInvalidator
+	n    *Node
+	mem  *store.Memory
+	stop func()
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	pubConn, err := nats.Connect(env.NATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pubConn.Close)
+	nodeConn, err := nats.Connect(env.NATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nodeConn.Close)
+	h := &harness{t: t, f: newFake(t, pubConn)}
+	var n *Node
+	h.mem = store.NewMemory(64<<20, func(names []string) { n.OnRelease(names) })
+	n, err = New(Config{NATS: nodeConn, Prefix: h.f.prefix, Backend: h.mem, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.n = n
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	h.stop = func() { cancel(); <-done }
+	t.Cleanup(h.stop)
+	h.waitWatermark(h.f.now())
+	return h
+}
+
+func (h *harness) waitWatermark(lsn uint64) {
+	h.t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); h.n.Watermark() < lsn; {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("watermark %d never reached %d", h.n.Watermark(), lsn)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (h *harness) put(key string, snapshot uint64, deps ...store.Dep) {
+	h.t.Helper()
+	if err := h.n.Put(context.Background(), PutRequest{Key: []byte(key), Snapshot: snapshot, Deps: deps, Value: []byte(key)}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) lookup(key string, tmin, tmax uint64) store.Result {
+	h.t.Helper()
+	r, err := h.n.Lookup(context.Background(), []byte(key), tmin, tmax, "")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return r
+}
+
+// served waits until a put version is served at its snapshot (confirmed)
+// and returns the answer.
+func (h *harness) served(key string, snapshot uint64) store.Result {
+	h.t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if r := h.lookup(key, snapshot, snapshot); r.Miss == store.Hit {
+			return r
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%s@%d never served", key, snapshot)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func itemDep(id int, reads ...string) store.Dep {
+	return store.Dep{Tag: fmt.Sprintf("public.items(id)=%d", id), Table: "public.items", Reads: reads}
+}
+
+func TestInvalidationEndsAVersion(t *testing.T) {
+	h := newHarness(t)
+	s := h.f.now()
+	h.put("k", s, itemDep(1, "name"))
+	r := h.served("k", s)
+	if !r.Open || r.Lo > s {
+		t.Fatalf("fresh version: %+v", r)
+	}
+	// An UPDATE of a column the result does not read leaves it valid.
+	h.f.commit(invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"qty"}})
+	l := h.f.commit(invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"name"}})
+	h.waitWatermark(l)
+	r = h.lookup("k", s, s)
+	if r.Miss != store.Hit || r.Open || r.Hi != l {
+		t.Fatalf("after the invalidation at %d: %+v", l, r)
+	}
+	if r := h.lookup("k", l, l+100); r.Miss != store.MissStaleness {
+		t.Fatalf("served at or after the invalidation: %+v", r)
+	}
+}
+
+// A put computed before an invalidation that the node already applied.
+func TestPutAfterItsInvalidation(t *testing.T) {
+	h := newHarness(t)
+	s0 := h.f.now()
+	h.put("follow", s0, itemDep(2, "qty"))
+	h.served("follow", s0) // the node follows items(id)=2 (and keeps following: the change below misses it)
+	s := h.f.now()
+	l := h.f.commit(invalidation.Change{Tag: "public.items(id)=2", Columns: []string{"name"}})
+	h.waitWatermark(l)
+	h.put("late", s, itemDep(2, "name"))
+	r := h.lookup("late", s, s)
+	if r.Miss != store.Hit || r.Hi != l || r.Open {
+		t.Fatalf("late put: %+v; want it to end at %d", r, l)
+	}
+	if r := h.lookup("late", l, l+1000); r.Miss == store.Hit {
+		t.Fatalf("late put served after its invalidation: %+v", r)
+	}
+}
+
+// The subscription race: the invalidation was published before the node
+// subscribed to the tag, after the put's snapshot.
+func TestSubscriptionRace(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			h := newHarness(t)
+			skipJetStreamCheckForTest = broken
+			defer func() { skipJetStreamCheckForTest = false }()
+			s := h.f.now()
+			l := h.f.commit(invalidation.Change{Tag: "public.items(id)=3", Columns: []string{"name"}})
+			l2 := h.f.commit(invalidation.Change{Tag: "public.items(id)=4", Rows: true})
+			h.waitWatermark(l2)
+			h.put("exact", l-1, itemDep(3, "name")) // computed just before the invalidation
+			h.put("older", s, itemDep(4))           // history back to s is unknown
+			stale := 0
+			for _, c := range []struct {
+				key  string
+				snap uint64
+				inv  uint64
+			}{{"exact", l - 1, l}, {"older", s, l2}} {
+				r := h.served(c.key, c.snap)
+				if r.Open || r.Hi > c.inv {
+					stale++
+				}
+				if r := h.lookup(c.key, c.inv, c.inv+1000); r.Miss == store.Hit {
+					stale++
+				}
+			}
+			if broken && stale == 0 {
+				t.Fatal("a node without the JetStream check passed: the test cannot fail")
+			}
+			if !broken && stale > 0 {
+				t.Fatalf("%d stale answers", stale)
+			}
+			if !broken {
+				if r := h.lookup("exact", l-1, l-1); r.Hi != l {
+					t.Errorf("exact put ends at %d, want %d", r.Hi, l)
+				}
+			}
+		})
+	}
+}
+
+func TestLowerBoundAndFlush(t *testing.T) {
+	h := newHarness(t)
+	s0 := h.f.now()
+	h.put("a", s0, itemDep(5, "name"))
+	h.served("a", s0)
+	l1 := h.f.commit(invalidation.Change{Tag: "public.items(id)=5", Columns: []string{"name"}})
+	h.waitWatermark(l1)
+	s := h.f.commit(invalidation.Change{Tag: "public.other", Rows: true})
+	h.waitWatermark(s)
+	h.put("b", s, itemDep(5, "name"))
+	r := h.served("b", s)
+	if r.Lo != l1 {
+		t.Errorf("lower bound %d, want the last invalidation %d", r.Lo, l1)
+	}
+	// A TRUNCATE (flush) of the table ends it.
+	l2 := h.f.commit(invalidation.Change{Tag: "public.items", Flush: true}, invalidation.Change{Tag: "public.items", Rows: true})
+	h.waitWatermark(l2)
+	if r := h.lookup("b", s, s); r.Hi != l2 || r.Open {
+		t.Fatalf("after a flush: %+v", r)
+	}
+}
+
+func TestGapOnUndecodableMessage(t *testing.T) {
+	h := newHarness(t)
+	s := h.f.now()
+	h.put("g", s, itemDep(6))
+	h.served("g", s)
+	wm := h.n.Watermark()
+	if _, err := h.f.js.Publish(context.Background(), invalidation.TagSubject(h.f.prefix, "public.items(id)=6"), []byte{9, 9, 9}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		r := h.lookup("g", s, s)
+		if !r.Open {
+			if r.Hi > h.n.Watermark()+1 || r.Hi < wm+1 {
+				t.Fatalf("ended at %d; watermark was %d", r.Hi, wm)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a corrupt message left versions open")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestUnsubscribeWhenTheLastVersionCloses(t *testing.T) {
+	h := newHarness(t)
+	s := h.f.now()
+	h.put("u", s, itemDep(7))
+	h.served("u", s)
+	if g := h.n.groupCount(); g != 2 { // the tag and the table's flushes
+		t.Fatalf("%d groups", g)
+	}
+	h.waitWatermark(h.f.commit(invalidation.Change{Tag: "public.items(id)=7", Rows: true}))
+	for deadline := time.Now().Add(15 * time.Second); h.n.groupCount() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("still %d groups", h.n.groupCount())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (n *Node) groupCount() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.groups)
+}
