@@ -108,6 +108,7 @@ type Publisher struct {
 
 	// the open transaction
 	inTxn  bool
+	hbTxn  bool // the open transaction is a heartbeat
 	begin  pglogrepl.BeginMessage
 	cs     changeSet
 	schema []string // tables whose schema changed in this transaction
@@ -278,9 +279,11 @@ func (p *Publisher) ensureStream(ctx context.Context) error {
 	return nil
 }
 
-// emitHeartbeats writes a non-transactional logical decoding message into
-// the WAL every interval. Its LSN, once decoded, proves every earlier
-// commit has been seen.
+// emitHeartbeats commits a transaction holding only a transactional
+// logical decoding message every interval. Once its COMMIT is decoded,
+// every earlier commit has been; and being a real transaction with an xid,
+// it gives the pincushion a commit to place pins against even when the
+// database is otherwise idle.
 func (p *Publisher) emitHeartbeats(ctx context.Context, conn *pgx.Conn) error {
 	t := time.NewTicker(p.cfg.Heartbeat)
 	defer t.Stop()
@@ -290,7 +293,7 @@ func (p *Publisher) emitHeartbeats(ctx context.Context, conn *pgx.Conn) error {
 			return nil
 		case <-t.C:
 		}
-		if _, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, '')`, HeartbeatPrefix); err != nil {
+		if _, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, '')`, HeartbeatPrefix); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -384,7 +387,7 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.BeginMessage:
-		p.inTxn, p.begin = true, *m
+		p.inTxn, p.hbTxn, p.begin = true, false, *m
 		p.cs.reset()
 		p.schema = p.schema[:0]
 	case *pglogrepl.RelationMessage:
@@ -421,14 +424,26 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed
 			return false, fmt.Errorf("publisher: COMMIT at %s without BEGIN", m.CommitLSN)
 		}
 		p.inTxn = false
-		return false, p.commit(ctx, m)
+		if err := p.commit(ctx, m); err != nil {
+			return false, err
+		}
+		if p.hbTxn {
+			// Every commit up to this one is decoded; a restart resumes
+			// after its end.
+			p.hbTxn = false
+			return true, p.heartbeat(ctx, uint64(m.CommitLSN), m.TransactionEndLSN)
+		}
 	case *pglogrepl.LogicalDecodingMessage:
-		if m.Transactional || m.Prefix != HeartbeatPrefix {
+		if m.Prefix != HeartbeatPrefix {
 			return false, nil
 		}
-		// The message's LSN is the end of its record: a commit record may
-		// start there, so the heartbeat covers the commits before it.
-		return true, p.heartbeat(ctx, m.LSN)
+		if m.Transactional {
+			p.hbTxn = p.inTxn
+			return false, nil
+		}
+		// A non-transactional message's LSN is the end of its record: a
+		// commit record may start there, so it covers the commits before.
+		return true, p.heartbeat(ctx, uint64(m.LSN)-1, m.LSN)
 	}
 	return false, nil
 }
@@ -475,8 +490,10 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 		p.cfg.Commits.Commit(p.begin.Xid, uint64(m.CommitLSN))
 		p.cfg.Commits.Through(uint64(m.CommitLSN))
 	}
-	p.m.commits.Inc()
-	p.m.rows.Add(float64(p.cs.rows))
+	if !p.hbTxn {
+		p.m.commits.Inc()
+		p.m.rows.Add(float64(p.cs.rows))
+	}
 	changes := p.cs.changes
 	if len(changes) == 0 {
 		return nil
@@ -533,12 +550,12 @@ func collapse(changes []invalidation.Change) []invalidation.Change {
 }
 
 // heartbeat waits for JetStream to acknowledge every message so far, then
-// publishes a heartbeat at lsn and confirms lsn to the slot.
-func (p *Publisher) heartbeat(ctx context.Context, lsn pglogrepl.LSN) error {
+// publishes a heartbeat saying every commit at or before through is
+// published, and confirms resume to the slot.
+func (p *Publisher) heartbeat(ctx context.Context, through uint64, lsn pglogrepl.LSN) error {
 	if err := p.awaitAcks(ctx); err != nil {
 		return err
 	}
-	through := uint64(lsn) - 1 // every commit record starting before lsn
 	p.buf = invalidation.AppendHeartbeat(p.buf[:0], invalidation.Heartbeat{LSN: through, Time: time.Now()})
 	msg := &nats.Msg{Subject: invalidation.HeartbeatSubject(p.cfg.SubjectPrefix), Data: append([]byte(nil), p.buf...)}
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)

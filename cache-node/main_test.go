@@ -1,0 +1,161 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+
+	"github.com/larderdb/larder/cache-node/protocol"
+	"github.com/larderdb/larder/cache-node/store"
+	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/internal/testenv"
+	"github.com/larderdb/larder/invalidator/service"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, testenv.Need{Postgres: true, NATS: true}, &env))
+}
+
+func TestFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--memory", "lots"}, "--memory"},
+		{[]string{"--store", "mysql://x"}, "--store"},
+		{[]string{"--prefix", "a b"}, "prefix"},
+		{[]string{"x"}, "unexpected"},
+	} {
+		var out bytes.Buffer
+		if code := run(c.args, &out); code != 2 || !strings.Contains(out.String(), c.want) {
+			t.Errorf("%v: exit %d %q", c.args, code, out.String())
+		}
+	}
+	if n, err := parseBytes("3MiB"); err != nil || n != 3<<20 {
+		t.Errorf("3MiB = %d %v", n, err)
+	}
+}
+
+// TestEndToEnd runs PostgreSQL, the invalidator with its pincushion, and a
+// cache-node daemon: a result computed at a pin is served at that pin,
+// and an UPDATE of the row ends it at the UPDATE's commit LSN.
+func TestEndToEnd(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	url := testenv.Database(t, env.PG)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `CREATE TABLE items (id int PRIMARY KEY, name text); ALTER TABLE items REPLICA IDENTITY FULL; INSERT INTO items VALUES (1, 'pen')`); err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	o := service.Defaults()
+	o.PG, o.NATS, o.Prefix, o.Slot, o.Publication, o.Metrics = url, env.NATS.URL(), "e2e", "e2e", "e2e", ""
+	o.Heartbeat, o.PinInterval = 20*time.Millisecond, 50*time.Millisecond
+	invDone := make(chan error, 1)
+	go func() { invDone <- service.Run(ctx, o, quiet) }()
+	defer func() { cancel(); <-invDone }()
+
+	ready := make(chan string, 1)
+	nodeDone := make(chan error, 1)
+	go func() {
+		nodeDone <- serve(ctx, options{listen: "127.0.0.1:0", natsURL: env.NATS.URL(), prefix: "e2e", store: "memory", memory: 64 << 20, maxFrame: protocol.DefaultMaxFrame}, quiet, ready)
+	}()
+	defer func() { cancel(); <-nodeDone }()
+	addr := <-ready
+	cl := protocol.NewClient(addr, 2)
+	defer cl.Close()
+
+	// A pin from the pincushion.
+	nc, err := nats.Connect(env.NATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var pin invalidation.Pin
+	for deadline := time.Now().Add(60 * time.Second); pin.SnapshotID == ""; {
+		if time.Now().After(deadline) {
+			t.Fatal("no pin")
+		}
+		if reply, err := nc.Request(invalidation.PinListSubject("e2e"), nil, time.Second); err == nil {
+			if pins, err := invalidation.DecodePinList(reply.Data); err == nil && len(pins) > 0 {
+				pin = pins[len(pins)-1]
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The result at the pin.
+	var name string
+	err = pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+pin.SnapshotID+"'"); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, "SELECT name FROM items WHERE id = 1").Scan(&name)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := []byte("items-1-name")
+	dep := store.Dep{Tag: "public.items(id)=1", Table: "public.items", Reads: []string{"id", "name"}}
+	if err := cl.Put(ctx, &protocol.PutRequest{Key: key, Snapshot: pin.LSN, Deps: []store.Dep{dep}, Value: []byte(name)}); err != nil {
+		t.Fatal(err)
+	}
+	r := protocol.LookupResponse{Miss: store.MissCompulsory}
+	for deadline := time.Now().Add(30 * time.Second); r.Miss != store.Hit; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the put was never served: %+v", r)
+		}
+		if r, err = cl.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: pin.LSN, TMax: pin.LSN}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if string(r.Value) != "pen" || !r.Open {
+		t.Fatalf("served %+v", r)
+	}
+
+	// An UPDATE by any client ends it.
+	if _, err := conn.Exec(ctx, "UPDATE items SET name = 'ink' WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	var walText string
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&walText); err != nil {
+		t.Fatal(err)
+	}
+	wal, _ := pglogrepl.ParseLSN(walText)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		st, err := cl.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Watermark >= uint64(wal) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("watermark %X never reached %s", st.Watermark, wal)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r, err = cl.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: pin.LSN, TMax: pin.LSN})
+	if err != nil || r.Miss != store.Hit || r.Open || r.Hi > uint64(wal) || r.Hi <= pin.LSN {
+		t.Fatalf("after the update: %+v %v (pin %X, WAL %s)", r, err, pin.LSN, wal)
+	}
+	r, err = cl.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: uint64(wal), TMax: uint64(wal) + 1000})
+	if err != nil || r.Miss == store.Hit {
+		t.Fatalf("served after the update: %+v %v", r, err)
+	}
+}
