@@ -5,10 +5,11 @@
 // tag column set for the OLD and the NEW row — and publishes them on NATS
 // JetStream in commit order, one message per transaction and subject.
 //
-// Heartbeats are logical decoding messages the publisher itself writes into
-// the WAL every interval: when one is decoded, every earlier commit has been
-// decoded too. The publisher then waits for JetStream to acknowledge every
-// message so far, publishes the heartbeat and only then confirms its LSN
-// to the slot, so a crash loses nothing: the next run resumes from the slot
-// and republishes, de-duplicated by message id.
+// Heartbeats are small transactions holding a logical decoding message
+// that the publisher itself commits every interval: when one's COMMIT is
+// decoded, every earlier commit has been decoded too. The publisher then
+// waits for JetStream to acknowledge every message so far, publishes the
+// heartbeat and only then confirms its end to the slot, so a crash loses
+// nothing: the next run resumes from the slot and republishes,
+// de-duplicated by message id.
 package publisher
