@@ -24,7 +24,7 @@ import (
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.Main(m, testenv.Need{Postgres: true, NATS: true}, &env))
+	os.Exit(testenv.Main(m, testenv.Need{Postgres: true, NATS: true, Redis: true}, &env))
 }
 
 func TestFlags(t *testing.T) {

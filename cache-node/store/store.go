@@ -48,7 +48,7 @@ func (v *Version) Size(keyLen int) int64 {
 // Bookkeeping bytes per version and per dependency, measured with
 // BenchmarkMemoryOverhead (struct, slice and map-entry costs, index sets).
 const (
-	versionOverhead = 256
+	versionOverhead = 416
 	depOverhead     = 160
 )
 
