@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"unicode/utf8"
 
 	"github.com/larderdb/larder/cache-node/store"
+	"github.com/larderdb/larder/internal/wire"
 )
 
 // Version is the protocol version carried by every frame.
@@ -92,20 +92,20 @@ func ReadFrame(r io.Reader, buf []byte, max int) (op byte, body, newBuf []byte, 
 
 // AppendLookup encodes a lookup request.
 func AppendLookup(dst []byte, q *LookupRequest) []byte {
-	dst = appendBytes(dst, q.Key)
+	dst = wire.AppendBytes(dst, q.Key)
 	dst = binary.AppendUvarint(dst, q.TMin)
 	dst = binary.AppendUvarint(dst, q.TMax)
-	return appendBytes(dst, []byte(q.Template))
+	return wire.AppendBytes(dst, []byte(q.Template))
 }
 
 // DecodeLookup decodes a lookup request.
 func DecodeLookup(b []byte) (LookupRequest, error) {
-	d := decoder{b: b}
-	q := LookupRequest{Key: d.bytes("key"), TMin: d.uvarint("tmin"), TMax: d.uvarint("tmax"), Template: d.str("template")}
-	if d.err == nil && q.TMin > q.TMax {
-		d.fail("tmin %d > tmax %d", q.TMin, q.TMax)
+	d := wire.Decoder{B: b, Wrap: ErrFrame}
+	q := LookupRequest{Key: d.Bytes("key"), TMin: d.Uvarint("tmin"), TMax: d.Uvarint("tmax"), Template: d.String("template")}
+	if d.Err == nil && q.TMin > q.TMax {
+		d.Fail("tmin %d > tmax %d", q.TMin, q.TMax)
 	}
-	return q, d.end()
+	return q, d.End()
 }
 
 // AppendLookupResponse encodes a lookup answer.
@@ -122,39 +122,39 @@ func AppendLookupResponse(dst []byte, r *LookupResponse) []byte {
 	dst = binary.AppendUvarint(dst, r.Lo)
 	dst = binary.AppendUvarint(dst, r.Hi)
 	dst = binary.AppendUvarint(dst, r.Snapshot)
-	return appendBytes(dst, r.Value)
+	return wire.AppendBytes(dst, r.Value)
 }
 
 // DecodeLookupResponse decodes a lookup answer.
 func DecodeLookupResponse(b []byte) (LookupResponse, error) {
-	d := decoder{b: b}
+	d := wire.Decoder{B: b, Wrap: ErrFrame}
 	var r LookupResponse
-	r.Miss = store.MissClass(d.byte("result"))
-	if d.err == nil && r.Miss > store.MissConsistency {
-		d.fail("unknown result %d", r.Miss)
+	r.Miss = store.MissClass(d.Byte("result"))
+	if d.Err == nil && r.Miss > store.MissConsistency {
+		d.Fail("unknown result %d", r.Miss)
 	}
-	if d.err == nil && r.Miss == store.Hit {
-		switch d.byte("open") {
+	if d.Err == nil && r.Miss == store.Hit {
+		switch d.Byte("open") {
 		case 0:
 		case 1:
 			r.Open = true
 		default:
-			d.fail("bad open flag")
+			d.Fail("bad open flag")
 		}
-		r.Lo, r.Hi, r.Snapshot = d.uvarint("lo"), d.uvarint("hi"), d.uvarint("snapshot")
-		r.Value = d.bytes("value")
+		r.Lo, r.Hi, r.Snapshot = d.Uvarint("lo"), d.Uvarint("hi"), d.Uvarint("snapshot")
+		r.Value = d.Bytes("value")
 	}
-	return r, d.end()
+	return r, d.End()
 }
 
 // AppendPut encodes a put request.
 func AppendPut(dst []byte, p *PutRequest) []byte {
-	dst = appendBytes(dst, p.Key)
+	dst = wire.AppendBytes(dst, p.Key)
 	dst = binary.AppendUvarint(dst, p.Snapshot)
 	dst = binary.AppendUvarint(dst, uint64(len(p.Deps)))
 	for _, dep := range p.Deps {
-		dst = appendBytes(dst, []byte(dep.Tag))
-		dst = appendBytes(dst, []byte(dep.Table))
+		dst = wire.AppendBytes(dst, []byte(dep.Tag))
+		dst = wire.AppendBytes(dst, []byte(dep.Table))
 		all := byte(0)
 		if dep.AllColumns {
 			all = 1
@@ -162,49 +162,49 @@ func AppendPut(dst []byte, p *PutRequest) []byte {
 		dst = append(dst, all)
 		dst = binary.AppendUvarint(dst, uint64(len(dep.Reads)))
 		for _, r := range dep.Reads {
-			dst = appendBytes(dst, []byte(r))
+			dst = wire.AppendBytes(dst, []byte(r))
 		}
 	}
-	dst = appendBytes(dst, []byte(p.Template))
-	return appendBytes(dst, p.Value)
+	dst = wire.AppendBytes(dst, []byte(p.Template))
+	return wire.AppendBytes(dst, p.Value)
 }
 
 // DecodePut decodes a put request.
 func DecodePut(b []byte) (PutRequest, error) {
-	d := decoder{b: b}
+	d := wire.Decoder{B: b, Wrap: ErrFrame}
 	var p PutRequest
-	p.Key = d.bytes("key")
-	p.Snapshot = d.uvarint("snapshot")
-	n := d.count("deps", 4)
-	for i := 0; i < n && d.err == nil; i++ {
+	p.Key = d.Bytes("key")
+	p.Snapshot = d.Uvarint("snapshot")
+	n := d.Count("deps", 4)
+	for i := 0; i < n && d.Err == nil; i++ {
 		var dep store.Dep
-		dep.Tag, dep.Table = d.str("tag"), d.str("table")
-		switch d.byte("all columns") {
+		dep.Tag, dep.Table = d.String("tag"), d.String("table")
+		switch d.Byte("all columns") {
 		case 0:
 		case 1:
 			dep.AllColumns = true
 		default:
-			d.fail("bad all-columns flag")
+			d.Fail("bad all-columns flag")
 		}
-		m := d.count("reads", 1)
-		for j := 0; j < m && d.err == nil; j++ {
-			col := d.str("read column")
+		m := d.Count("reads", 1)
+		for j := 0; j < m && d.Err == nil; j++ {
+			col := d.String("read column")
 			if j > 0 && col <= dep.Reads[j-1] {
-				d.fail("read columns not sorted and distinct")
+				d.Fail("read columns not sorted and distinct")
 			}
 			dep.Reads = append(dep.Reads, col)
 		}
-		if d.err == nil && (dep.Tag == "" || dep.Table == "") {
-			d.fail("dependency %d without a tag or table", i)
+		if d.Err == nil && (dep.Tag == "" || dep.Table == "") {
+			d.Fail("dependency %d without a tag or table", i)
 		}
 		p.Deps = append(p.Deps, dep)
 	}
-	p.Template = d.str("template")
-	p.Value = d.bytes("value")
-	if d.err == nil && p.Snapshot == 0 {
-		d.fail("snapshot 0")
+	p.Template = d.String("template")
+	p.Value = d.Bytes("value")
+	if d.Err == nil && p.Snapshot == 0 {
+		d.Fail("snapshot 0")
 	}
-	return p, d.end()
+	return p, d.End()
 }
 
 // AppendStatsResponse encodes a stats answer.
@@ -218,103 +218,10 @@ func AppendStatsResponse(dst []byte, s *StatsResponse) []byte {
 
 // DecodeStatsResponse decodes a stats answer.
 func DecodeStatsResponse(b []byte) (StatsResponse, error) {
-	d := decoder{b: b}
-	s := StatsResponse{Watermark: d.uvarint("watermark")}
+	d := wire.Decoder{B: b, Wrap: ErrFrame}
+	s := StatsResponse{Watermark: d.Uvarint("watermark")}
 	for _, p := range []*int64{&s.Keys, &s.Versions, &s.Bytes, &s.Budget, &s.Evictions} {
-		*p = d.varint("counter")
+		*p = d.Varint("counter")
 	}
-	return s, d.end()
-}
-
-func appendBytes(dst, b []byte) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(b)))
-	return append(dst, b...)
-}
-
-type decoder struct {
-	b   []byte
-	err error
-}
-
-func (d *decoder) fail(format string, args ...any) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: %s", ErrFrame, fmt.Sprintf(format, args...))
-	}
-}
-
-func (d *decoder) end() error {
-	if d.err == nil && len(d.b) > 0 {
-		d.fail("%d trailing bytes", len(d.b))
-	}
-	return d.err
-}
-
-func (d *decoder) uvarint(what string) uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.fail("bad %s", what)
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) varint(what string) int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.fail("bad %s", what)
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) byte(what string) byte {
-	if d.err != nil {
-		return 0
-	}
-	if len(d.b) == 0 {
-		d.fail("missing %s", what)
-		return 0
-	}
-	c := d.b[0]
-	d.b = d.b[1:]
-	return c
-}
-
-func (d *decoder) count(what string, min int) int {
-	n := d.uvarint(what)
-	if d.err == nil && n > uint64(len(d.b)/min) {
-		d.fail("%d %s cannot fit in %d bytes", n, what, len(d.b))
-		return 0
-	}
-	return int(n)
-}
-
-func (d *decoder) bytes(what string) []byte {
-	n := d.uvarint(what + " length")
-	if d.err != nil {
-		return nil
-	}
-	if n > uint64(len(d.b)) {
-		d.fail("%s of %d bytes in %d", what, n, len(d.b))
-		return nil
-	}
-	b := d.b[:n:n]
-	d.b = d.b[n:]
-	return b
-}
-
-func (d *decoder) str(what string) string {
-	b := d.bytes(what)
-	if d.err == nil && !utf8.Valid(b) {
-		d.fail("%s is not UTF-8", what)
-	}
-	return string(b)
+	return s, d.End()
 }

@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
-	"unicode/utf8"
+
+	"github.com/larderdb/larder/internal/wire"
 )
 
 // Version is the format version this package writes and reads.
@@ -130,10 +131,10 @@ func AppendTxn(dst []byte, t *Txn) []byte {
 			f |= flagFlush
 		}
 		dst = append(dst, f)
-		dst = appendString(dst, c.Tag)
+		dst = wire.AppendString(dst, c.Tag)
 		dst = binary.AppendUvarint(dst, uint64(len(c.Columns)))
 		for _, col := range c.Columns {
-			dst = appendString(dst, col)
+			dst = wire.AppendString(dst, col)
 		}
 	}
 	return dst
@@ -144,11 +145,6 @@ func AppendHeartbeat(dst []byte, h Heartbeat) []byte {
 	dst = append(dst, Version, kindHeartbeat)
 	dst = binary.AppendUvarint(dst, h.LSN)
 	return binary.AppendVarint(dst, h.Time.UnixMicro())
-}
-
-func appendString(dst []byte, s string) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(s)))
-	return append(dst, s...)
 }
 
 // Errors of the decoders.
@@ -187,138 +183,59 @@ func Decode(b []byte) (Message, error) {
 	if b[0] != Version {
 		return Message{}, fmt.Errorf("%w %d (this build reads %d)", ErrVersion, b[0], Version)
 	}
-	d := decoder{b: b[2:]}
+	d := wire.Decoder{B: b[2:], Wrap: ErrCorrupt}
 	switch b[1] {
 	case kindTxn:
 		t := &Txn{}
-		t.CommitLSN = d.uvarint("commit LSN")
-		t.EndLSN = d.uvarint("end LSN")
-		xid := d.uvarint("xid")
+		t.CommitLSN = d.Uvarint("commit LSN")
+		t.EndLSN = d.Uvarint("end LSN")
+		xid := d.Uvarint("xid")
 		if xid > 1<<32-1 {
-			d.fail("xid %d out of range", xid)
+			d.Fail("xid %d out of range", xid)
 		}
 		t.XID = uint32(xid)
-		t.CommitTime = time.UnixMicro(d.varint("commit time"))
-		n := d.count("changes", 3)
-		if d.err == nil && n > 0 {
+		t.CommitTime = time.UnixMicro(d.Varint("commit time"))
+		n := d.Count("changes", 3)
+		if d.Err == nil && n > 0 {
 			t.Changes = make([]Change, 0, n)
 		}
-		for i := 0; i < n && d.err == nil; i++ {
+		for i := 0; i < n && d.Err == nil; i++ {
 			var c Change
-			f := d.byte("flags")
+			f := d.Byte("flags")
 			if f&^knownFlags != 0 {
-				d.fail("change %d: unknown flags %#x", i, f)
+				d.Fail("change %d: unknown flags %#x", i, f)
 			}
 			c.Rows, c.AllColumns, c.Flush = f&flagRows != 0, f&flagAllColumns != 0, f&flagFlush != 0
-			c.Tag = d.string("tag")
-			if d.err == nil && c.Tag == "" {
-				d.fail("change %d: empty tag", i)
+			c.Tag = d.String("tag")
+			if d.Err == nil && c.Tag == "" {
+				d.Fail("change %d: empty tag", i)
 			}
-			nc := d.count("columns", 1)
-			for j := 0; j < nc && d.err == nil; j++ {
-				col := d.string("column")
-				if d.err == nil && j > 0 && col <= c.Columns[j-1] {
-					d.fail("change %d: columns not sorted and distinct", i)
+			nc := d.Count("columns", 1)
+			for j := 0; j < nc && d.Err == nil; j++ {
+				col := d.String("column")
+				if d.Err == nil && j > 0 && col <= c.Columns[j-1] {
+					d.Fail("change %d: columns not sorted and distinct", i)
 				}
 				c.Columns = append(c.Columns, col)
 			}
 			t.Changes = append(t.Changes, c)
 		}
-		if d.err == nil && len(d.b) != 0 {
-			d.fail("%d trailing bytes", len(d.b))
+		if d.Err == nil && len(d.B) != 0 {
+			d.Fail("%d trailing bytes", len(d.B))
 		}
-		if d.err != nil {
-			return Message{}, d.err
+		if d.Err != nil {
+			return Message{}, d.Err
 		}
 		return Message{Txn: t}, nil
 	case kindHeartbeat:
-		h := &Heartbeat{LSN: d.uvarint("LSN"), Time: time.UnixMicro(d.varint("time"))}
-		if d.err == nil && len(d.b) != 0 {
-			d.fail("%d trailing bytes", len(d.b))
+		h := &Heartbeat{LSN: d.Uvarint("LSN"), Time: time.UnixMicro(d.Varint("time"))}
+		if d.Err == nil && len(d.B) != 0 {
+			d.Fail("%d trailing bytes", len(d.B))
 		}
-		if d.err != nil {
-			return Message{}, d.err
+		if d.Err != nil {
+			return Message{}, d.Err
 		}
 		return Message{Heartbeat: h}, nil
 	}
 	return Message{}, fmt.Errorf("%w %d", ErrKind, b[1])
-}
-
-type decoder struct {
-	b   []byte
-	err error
-}
-
-func (d *decoder) fail(format string, args ...any) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
-	}
-}
-
-func (d *decoder) uvarint(what string) uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.fail("bad %s", what)
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) varint(what string) int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.fail("bad %s", what)
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) byte(what string) byte {
-	if d.err != nil {
-		return 0
-	}
-	if len(d.b) == 0 {
-		d.fail("missing %s", what)
-		return 0
-	}
-	c := d.b[0]
-	d.b = d.b[1:]
-	return c
-}
-
-// count reads a count of items each at least min bytes long, so that a
-// corrupt count cannot make the decoder allocate more than the message.
-func (d *decoder) count(what string, min int) int {
-	n := d.uvarint(what)
-	if d.err == nil && n > uint64(len(d.b)/min) {
-		d.fail("%d %s cannot fit in %d bytes", n, what, len(d.b))
-		return 0
-	}
-	return int(n)
-}
-
-func (d *decoder) string(what string) string {
-	n := d.uvarint(what + " length")
-	if d.err != nil {
-		return ""
-	}
-	if n > uint64(len(d.b)) {
-		d.fail("%s of %d bytes in %d", what, n, len(d.b))
-		return ""
-	}
-	s := string(d.b[:n])
-	d.b = d.b[n:]
-	if !utf8.ValidString(s) {
-		d.fail("%s is not UTF-8", what)
-		return ""
-	}
-	return s
 }

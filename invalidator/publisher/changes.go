@@ -2,6 +2,7 @@ package publisher
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/jackc/pglogrepl"
@@ -270,7 +271,7 @@ func (cs *changeSet) update(r *relation, m *pglogrepl.UpdateMessage) error {
 			cs.flush(r.name)
 			return nil
 		}
-		if !nullOld && !nullNew && equalStrings(oldVals, newVals) {
+		if !nullOld && !nullNew && slices.Equal(oldVals, newVals) {
 			if !fullOld || len(changed) > 0 {
 				cs.add(colChange(r.keyTag(s, oldVals)))
 			}
@@ -284,16 +285,4 @@ func (cs *changeSet) update(r *relation, m *pglogrepl.UpdateMessage) error {
 		}
 	}
 	return nil
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

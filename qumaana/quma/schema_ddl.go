@@ -3,6 +3,7 @@ package quma
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -331,7 +332,7 @@ func ddlMergeKeys(keys []ddlKey) []ddlKey {
 next:
 	for _, k := range keys {
 		for i := range merged {
-			if k.index == "" && merged[i].index == "" && ddlEqualLists(merged[i].cols, k.cols) {
+			if k.index == "" && merged[i].index == "" && slices.Equal(merged[i].cols, k.cols) {
 				if merged[i].name == "" {
 					merged[i].name = k.name
 				}
@@ -1032,18 +1033,6 @@ func ddlSameSet(a, b []string) bool {
 	}
 	for _, x := range b {
 		if !in[x] {
-			return false
-		}
-	}
-	return true
-}
-
-func ddlEqualLists(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
 			return false
 		}
 	}

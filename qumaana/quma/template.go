@@ -2,6 +2,7 @@ package quma
 
 import (
 	"errors"
+	"slices"
 	"sort"
 	"strings"
 
@@ -188,25 +189,13 @@ func dedupe(rows [][]string) [][]string {
 next:
 	for _, r := range rows {
 		for _, have := range out {
-			if equalStrings(have, r) {
+			if slices.Equal(have, r) {
 				continue next
 			}
 		}
 		out = append(out, r)
 	}
 	return out
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func resolveValue(src valueSource, typ string, params []any) ([]string, bool) {
