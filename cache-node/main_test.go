@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,9 +50,17 @@ func TestFlags(t *testing.T) {
 }
 
 // TestEndToEnd runs PostgreSQL, the invalidator with its pincushion, and a
-// cache-node daemon: a result computed at a pin is served at that pin,
-// and an UPDATE of the row ends it at the UPDATE's commit LSN.
+// cache-node daemon (memory, then Redis): a result computed at a pin is
+// served at that pin, and an UPDATE of the row ends it at the UPDATE's
+// commit LSN. With Redis, an UPDATE made while the node is down is not
+// seen by the restarted node, which therefore must not serve the version
+// past the watermark it saved.
 func TestEndToEnd(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { endToEnd(t, "memory") })
+	t.Run("redis", func(t *testing.T) { endToEnd(t, env.Redis.URL()) })
+}
+
+func endToEnd(t *testing.T, storeURL string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	url := testenv.Database(t, env.PG)
@@ -62,23 +72,39 @@ func TestEndToEnd(t *testing.T) {
 	if _, err := conn.Exec(ctx, `CREATE TABLE items (id int PRIMARY KEY, name text); ALTER TABLE items REPLICA IDENTITY FULL; INSERT INTO items VALUES (1, 'pen')`); err != nil {
 		t.Fatal(err)
 	}
+	prefix := fmt.Sprintf("e2e%d", e2eSeq.Add(1))
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	o := service.Defaults()
-	o.PG, o.NATS, o.Prefix, o.Slot, o.Publication, o.Metrics = url, env.NATS.URL(), "e2e", "e2e", "e2e", ""
-	o.Heartbeat, o.PinInterval = 20*time.Millisecond, 50*time.Millisecond
+	o.PG, o.NATS, o.Prefix, o.Slot, o.Publication, o.Metrics = url, env.NATS.URL(), prefix, prefix, prefix, ""
+	o.Heartbeat, o.PinInterval = 20*time.Millisecond, 100*time.Millisecond
 	invDone := make(chan error, 1)
 	go func() { invDone <- service.Run(ctx, o, quiet) }()
 	defer func() { cancel(); <-invDone }()
 
-	ready := make(chan string, 1)
-	nodeDone := make(chan error, 1)
-	go func() {
-		nodeDone <- serve(ctx, options{listen: "127.0.0.1:0", natsURL: env.NATS.URL(), prefix: "e2e", store: "memory", memory: 64 << 20, maxFrame: protocol.DefaultMaxFrame}, quiet, ready)
-	}()
-	defer func() { cancel(); <-nodeDone }()
-	addr := <-ready
-	cl := protocol.NewClient(addr, 2)
-	defer cl.Close()
+	startNode := func() (*protocol.Client, func()) {
+		nctx, ncancel := context.WithCancel(ctx)
+		ready := make(chan string, 1)
+		done := make(chan error, 1)
+		go func() {
+			done <- serve(nctx, options{listen: "127.0.0.1:0", natsURL: env.NATS.URL(), prefix: prefix, store: storeURL, memory: 64 << 20, maxFrame: protocol.DefaultMaxFrame}, quiet, ready)
+		}()
+		var addr string
+		select {
+		case addr = <-ready:
+		case err := <-done:
+			t.Fatalf("node: %v", err)
+		}
+		cl := protocol.NewClient(addr, 2)
+		return cl, func() {
+			cl.Close()
+			ncancel()
+			if err := <-done; err != nil {
+				t.Errorf("node: %v", err)
+			}
+		}
+	}
+	cl, stopNode := startNode()
+	defer func() { stopNode() }()
 
 	// A pin from the pincushion.
 	nc, err := nats.Connect(env.NATS.URL())
@@ -91,7 +117,7 @@ func TestEndToEnd(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no pin")
 		}
-		if reply, err := nc.Request(invalidation.PinListSubject("e2e"), nil, time.Second); err == nil {
+		if reply, err := nc.Request(invalidation.PinListSubject(prefix), nil, time.Second); err == nil {
 			if pins, err := invalidation.DecodePinList(reply.Data); err == nil && len(pins) > 0 {
 				pin = pins[len(pins)-1]
 			}
@@ -128,28 +154,52 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("served %+v", r)
 	}
 
-	// An UPDATE by any client ends it.
-	if _, err := conn.Exec(ctx, "UPDATE items SET name = 'ink' WHERE id = 1"); err != nil {
-		t.Fatal(err)
-	}
-	var walText string
-	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&walText); err != nil {
-		t.Fatal(err)
-	}
-	wal, _ := pglogrepl.ParseLSN(walText)
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		st, err := cl.Stats(ctx)
-		if err != nil {
+	update := func(to string) pglogrepl.LSN {
+		if _, err := conn.Exec(ctx, "UPDATE items SET name = $1 WHERE id = 1", to); err != nil {
 			t.Fatal(err)
 		}
-		if st.Watermark >= uint64(wal) {
-			break
+		var walText string
+		if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&walText); err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("watermark %X never reached %s", st.Watermark, wal)
-		}
-		time.Sleep(5 * time.Millisecond)
+		wal, _ := pglogrepl.ParseLSN(walText)
+		return wal
 	}
+	waitWatermark := func(cl *protocol.Client, wal pglogrepl.LSN) {
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			st, err := cl.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Watermark >= uint64(wal) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("watermark %X never reached %s", st.Watermark, wal)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+
+	if storeURL != "memory" {
+		// The node stops; the row changes while it is away; a new node on
+		// the same Redis must not serve the version past what it saved.
+		stopNode()
+		wal := update("away")
+		cl, stopNode = startNode()
+		waitWatermark(cl, wal)
+		if r, err := cl.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: uint64(wal), TMax: uint64(wal) + 1000}); err != nil || r.Miss == store.Hit {
+			t.Fatalf("after a restart, served past the change made while the node was down: %+v %v", r, err)
+		}
+		if r, err := cl.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: pin.LSN, TMax: pin.LSN}); err != nil || r.Miss != store.Hit || r.Open || r.Hi > uint64(wal) {
+			t.Fatalf("after a restart, at the pin: %+v %v", r, err)
+		}
+		return
+	}
+
+	// An UPDATE by any client ends it.
+	wal := update("ink")
+	waitWatermark(cl, wal)
 	r, err = cl.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: pin.LSN, TMax: pin.LSN})
 	if err != nil || r.Miss != store.Hit || r.Open || r.Hi > uint64(wal) || r.Hi <= pin.LSN {
 		t.Fatalf("after the update: %+v %v (pin %X, WAL %s)", r, err, pin.LSN, wal)
@@ -159,3 +209,5 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("served after the update: %+v %v", r, err)
 	}
 }
+
+var e2eSeq atomic.Int64

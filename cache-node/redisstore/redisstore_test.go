@@ -1,0 +1,179 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/larderdb/larder/cache-node/store"
+	"github.com/larderdb/larder/cache-node/store/storetest"
+	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/internal/servers"
+	"github.com/larderdb/larder/internal/testenv"
+)
+
+// env.Redis is shared by the tests that need no server configuration;
+// each of them uses a prefix of its own. Tests that set maxmemory start a
+// server of their own.
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, testenv.Need{Redis: true}, &env))
+}
+
+var ctx = context.Background()
+
+var prefixSeq atomic.Int64
+
+func newClient(tb testing.TB, r *servers.Redis) *redis.Client {
+	tb.Helper()
+	opt, err := redis.ParseURL(r.URL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func open(tb testing.TB, opts Options) *Store {
+	tb.Helper()
+	s, err := New(ctx, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// sharedStore is an empty store without a budget on the shared server.
+func sharedStore(tb testing.TB) *Store {
+	tb.Helper()
+	return open(tb, Options{Client: newClient(tb, env.Redis), Prefix: fmt.Sprintf("test%d", prefixSeq.Add(1))})
+}
+
+// TestConformance runs the shared suite. A budgeted store gets a server of
+// its own, since maxmemory is the whole server's.
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, budget int64) store.Backend {
+		if budget >= 1<<30 {
+			return sharedStore(t)
+		}
+		return open(t, Options{Client: newClient(t, testenv.Redis(t)), MaxMemory: budget})
+	})
+}
+
+// TestDifferential drives the Redis store and the memory backend, then the
+// Redis store and the reference model, with the same random operations.
+func TestDifferential(t *testing.T) {
+	for seed := int64(1); seed <= 20; seed++ {
+		t.Run(fmt.Sprintf("memory/%d", seed), func(t *testing.T) {
+			storetest.Differential(t, sharedStore(t), store.NewMemory(1<<30, nil), seed, 2000)
+		})
+		t.Run(fmt.Sprintf("reference/%d", seed), func(t *testing.T) {
+			storetest.Differential(t, sharedStore(t), &storetest.Reference{}, seed, 2000)
+		})
+	}
+}
+
+// TestBinaryNames: keys, tags, tables and columns are bytes, not text.
+func TestBinaryNames(t *testing.T) {
+	s := sharedStore(t)
+	var key []byte
+	for i := 255; i >= 0; i-- {
+		key = append(key, byte(i))
+	}
+	tag := "public.t(k)=\x00:\xff*?[]"
+	d := store.Dep{Tag: tag, Table: "public.t", Reads: []string{"c\x00l"}}
+	mustPut(t, s, string(key), store.Version{Lo: 5, Hi: store.Open, Snapshot: 5, Deps: []store.Dep{d}, Value: key})
+	mustPut(t, s, string(key[:3]), store.Version{Lo: 5, Hi: store.Open, Snapshot: 5, Deps: []store.Dep{d}, Value: []byte{0}})
+	r := mustLookup(t, s, string(key), 0, 100, 100)
+	if r.Miss != store.Hit || string(r.Value) != string(key) || r.Hi != 101 || !r.Open {
+		t.Fatalf("binary key: %+v", r)
+	}
+	if err := s.Invalidate(ctx, 7, []invalidation.Change{{Tag: tag, Columns: []string{"c\x00l"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{string(key), string(key[:3])} {
+		if r := mustLookup(t, s, k, 0, 100, 100); r.Miss != store.Hit || r.Hi != 7 || r.Open {
+			t.Errorf("after the invalidation: %+v", r)
+		}
+	}
+	if r := mustLookup(t, s, string(key[:2]), 0, 100, 100); r.Miss != store.MissCompulsory {
+		t.Errorf("a prefix of a key: %+v", r)
+	}
+}
+
+func mustPut(tb testing.TB, s store.Backend, key string, v store.Version) {
+	tb.Helper()
+	if err := s.Put(ctx, []byte(key), &v); err != nil {
+		tb.Fatalf("put %q@%d: %v", key, v.Snapshot, err)
+	}
+}
+
+func mustLookup(tb testing.TB, s store.Backend, key string, tmin, tmax, wm uint64) store.Result {
+	tb.Helper()
+	r, err := s.Lookup(ctx, []byte(key), tmin, tmax, wm)
+	if err != nil {
+		tb.Fatalf("lookup %q: %v", key, err)
+	}
+	return r
+}
+
+func mustStats(tb testing.TB, s store.Backend) store.Stats {
+	tb.Helper()
+	st, err := s.Stats(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return st
+}
+
+func TestNotifyFlags(t *testing.T) {
+	cases := []struct {
+		flags            string
+		evicted, expired bool
+		with             string
+	}{
+		{"", false, false, "Eex"},
+		{"Kx", false, false, "KxEe"},
+		{"Ex", false, true, "Exe"},
+		{"AE", true, true, "AE"},
+		{"KEA", true, true, "KEA"},
+		{"xeE", true, true, "xeE"},
+		{"Ae", false, false, "AeE"},
+	}
+	for _, c := range cases {
+		ev, ex := eventsOn(c.flags)
+		if ev != c.evicted || ex != c.expired {
+			t.Errorf("eventsOn(%q) = %v, %v", c.flags, ev, ex)
+		}
+		if got := withEvictionEvents(c.flags); got != c.with {
+			t.Errorf("withEvictionEvents(%q) = %q, want %q", c.flags, got, c.with)
+		}
+		if ev, ex := eventsOn(withEvictionEvents(c.flags)); !ev || !ex {
+			t.Errorf("%q: not both after adding them", c.flags)
+		}
+	}
+}
+
+// TestOptions: what New refuses.
+func TestOptions(t *testing.T) {
+	c := newClient(t, env.Redis)
+	for _, o := range []Options{
+		{},
+		{Client: redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{env.Redis.Addr()}})},
+		{Client: c, MaxMemory: -1},
+		{Client: c, TTL: time.Microsecond},
+	} {
+		if s, err := New(ctx, o); err == nil {
+			s.Close()
+			t.Errorf("New(%+v) accepted", o)
+		}
+	}
+}
