@@ -13,6 +13,7 @@ import (
 
 	"github.com/larderdb/larder/cache-node/node"
 	"github.com/larderdb/larder/cache-node/protocol"
+	"github.com/larderdb/larder/cache-node/redisstore"
 	"github.com/larderdb/larder/cache-node/store"
 )
 
@@ -49,6 +50,25 @@ func BenchmarkRemoteLookupHit(b *testing.B) {
 	rc := redis.NewClient(opts)
 	defer rc.Close()
 
+	// The same node in front of the Redis backend.
+	rs, err := redisstore.New(ctx, redisstore.Options{Client: rc, Prefix: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rs.Close()
+	rn, err := node.New(node.Config{NATS: nc, Prefix: "bench", Backend: rs, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	rsrv := &protocol.Server{Handler: rn.Handler(), Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	go func() { _ = rsrv.Serve(sctx, rln) }()
+	rcl := protocol.NewClient(rln.Addr().String(), 4)
+	defer rcl.Close()
+
 	for _, size := range []int{1 << 10, 16 << 10} {
 		val := make([]byte, size)
 		key := []byte(fmt.Sprintf("bench-%d", size))
@@ -59,6 +79,19 @@ func BenchmarkRemoteLookupHit(b *testing.B) {
 		if err := rc.Set(ctx, string(key), val, 0).Err(); err != nil {
 			b.Fatal(err)
 		}
+		if err := rs.Put(ctx, key, &store.Version{Lo: 0, Hi: store.Open, Snapshot: 0, Deps: []store.Dep{{Tag: "public.t(id)=1", Table: "public.t", Reads: []string{"v"}}}, Value: val}); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("node-redis/%dKiB", size>>10), func(b *testing.B) {
+			q := &protocol.LookupRequest{Key: key, TMin: 0, TMax: 0}
+			b.SetBytes(int64(size))
+			for i := 0; i < b.N; i++ {
+				r, err := rcl.Lookup(ctx, q)
+				if err != nil || r.Miss != store.Hit || len(r.Value) != size {
+					b.Fatalf("lookup: %+v %v", r.Miss, err)
+				}
+			}
+		})
 		b.Run(fmt.Sprintf("node-memory/%dKiB", size>>10), func(b *testing.B) {
 			q := &protocol.LookupRequest{Key: key, TMin: 0, TMax: 0}
 			b.SetBytes(int64(size))
