@@ -7,23 +7,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/larderdb/larder/cache-node/node"
+	"github.com/larderdb/larder/cache-node/daemon"
 	"github.com/larderdb/larder/cache-node/protocol"
-	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
 )
 
@@ -112,7 +105,7 @@ func run(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := serve(ctx, o, log, nil); err != nil {
+	if err := daemon.Run(ctx, o.daemon(), log, nil); err != nil {
 		log.Error("stopped", "err", err)
 		return 1
 	}
@@ -120,83 +113,6 @@ func run(args []string, stderr io.Writer) int {
 	return 0
 }
 
-// serve runs the node until ctx ends; ready, if not nil, receives the
-// address it listens on.
-func serve(ctx context.Context, o options, log *slog.Logger, ready chan<- string) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	nc, err := nats.Connect(o.natsURL, nats.Name("larder-cache-node"), nats.MaxReconnects(-1),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("NATS", "err", err) }))
-	if err != nil {
-		return fmt.Errorf("connect to NATS %s: %w", o.natsURL, err)
-	}
-	defer nc.Close()
-
-	var n *node.Node
-	backend, err := openStore(ctx, o, func(names []string) { n.OnRelease(names) })
-	if err != nil {
-		return err
-	}
-	defer backend.Close()
-	n, err = node.New(node.Config{NATS: nc, Prefix: o.prefix, Backend: backend, Log: log, Metrics: reg})
-	if err != nil {
-		return err
-	}
-
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return err
-	}
-	if o.metrics != "" {
-		mln, err := net.Listen("tcp", o.metrics)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(mln) }()
-		defer srv.Close()
-	}
-	log.Info("serving", "addr", ln.Addr().String(), "store", storeName(o.store), "budget", o.memory)
-	if ready != nil {
-		ready <- ln.Addr().String()
-	}
-
-	nodeErr := make(chan error, 1)
-	nctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { nodeErr <- n.Run(nctx) }()
-	srv := &protocol.Server{Handler: n.Handler(), MaxFrame: o.maxFrame, Log: log}
-	srvErr := make(chan error, 1)
-	go func() { srvErr <- srv.Serve(nctx, ln) }()
-	select {
-	case err = <-nodeErr:
-		cancel()
-		<-srvErr
-	case err = <-srvErr:
-		cancel()
-		<-nodeErr
-	case <-ctx.Done():
-		cancel()
-		<-srvErr
-		err = <-nodeErr
-	}
-	return err
-}
-
-func storeName(s string) string {
-	if s == "memory" {
-		return s
-	}
-	return "redis"
-}
-
-func openStore(ctx context.Context, o options, onRelease func([]string)) (store.Backend, error) {
-	if o.store == "memory" {
-		return store.NewMemory(o.memory, onRelease), nil
-	}
-	return openRedis(ctx, o)
+func (o options) daemon() daemon.Options {
+	return daemon.Options{Listen: o.listen, NATS: o.natsURL, Prefix: o.prefix, Store: o.store, Memory: o.memory, Metrics: o.metrics, MaxFrame: o.maxFrame}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/larderdb/larder/cache-node/daemon"
 	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
@@ -86,7 +87,7 @@ func endToEnd(t *testing.T, storeURL string) {
 		ready := make(chan string, 1)
 		done := make(chan error, 1)
 		go func() {
-			done <- serve(nctx, options{listen: "127.0.0.1:0", natsURL: env.NATS.URL(), prefix: prefix, store: storeURL, memory: 64 << 20, maxFrame: protocol.DefaultMaxFrame}, quiet, ready)
+			done <- daemon.Run(nctx, daemon.Options{Listen: "127.0.0.1:0", NATS: env.NATS.URL(), Prefix: prefix, Store: storeURL, Memory: 64 << 20, MaxFrame: protocol.DefaultMaxFrame}, quiet, ready)
 		}()
 		var addr string
 		select {
