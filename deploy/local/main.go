@@ -69,6 +69,8 @@ func run(verb string, cfg Config) error {
 		fmt.Printf("Invalidator: the insert (commit LSN %s) was invalidated on NATS %s after COMMIT returned\n", r.InvalidationLSN, r.InvalidationDelay.Round(time.Microsecond))
 		newest := r.Pins[len(r.Pins)-1]
 		fmt.Printf("Pincushion: %d exact pinned snapshot(s); newest %s at LSN %s\n", len(r.Pins), newest.SnapshotID, pglogrepl.LSN(newest.LSN))
+		fmt.Printf("Cache-node: count(*) = %s computed at that pin, put and served; after an INSERT it is valid on [%s, %s) and a newer read misses (%s)\n",
+			r.CachedCount, pglogrepl.LSN(r.CachedLo), pglogrepl.LSN(r.CachedHi), r.NewerMiss)
 	} else {
 		fmt.Println("Ctrl-C or SIGTERM stops it.")
 		<-ctx.Done()

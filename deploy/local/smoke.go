@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/larderdb/larder/cache-node/protocol"
+	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
 )
 
@@ -27,6 +29,13 @@ type SmokeReport struct {
 	InvalidationLSN   string        // the insert's commit LSN
 	InvalidationDelay time.Duration // from COMMIT returning to the message arriving
 	Pins              []invalidation.Pin
+
+	// The cache-node: count(*) of larder_demo computed at the newest pin,
+	// put, served; then ended by an insert.
+	CachedCount        string
+	CachedLo, CachedHi uint64 // the served interval after the insert
+	EndedBy            uint64 // the insert's commit LSN (at most; WAL position after it)
+	NewerMiss          string // the miss class of a lookup after the insert
 }
 
 // Smoke exercises each server for real: a write and read in PostgreSQL, an
@@ -85,8 +94,12 @@ func (s *Stack) Smoke(ctx context.Context) (SmokeReport, error) {
 			r.InvalidationLSN = pglogrepl.LSN(d.Txn.CommitLSN).String()
 		}
 	}
-	// The pincushion keeps pins; ask for the list.
-	for len(r.Pins) == 0 {
+	// The pincushion keeps pins; wait for one taken after the insert.
+	insertLSN, err := pglogrepl.ParseLSN(r.InvalidationLSN)
+	if err != nil {
+		return r, err
+	}
+	for len(r.Pins) == 0 || r.Pins[len(r.Pins)-1].LSN < uint64(insertLSN) {
 		reply, err := nc.RequestWithContext(ctx, invalidation.PinListSubject(invalidation.DefaultPrefix), nil)
 		if err != nil {
 			return r, fmt.Errorf("smoke: pin list: %w", err)
@@ -94,9 +107,13 @@ func (s *Stack) Smoke(ctx context.Context) (SmokeReport, error) {
 		if r.Pins, err = invalidation.DecodePinList(reply.Data); err != nil {
 			return r, fmt.Errorf("smoke: pin list: %w", err)
 		}
-		if len(r.Pins) == 0 {
-			time.Sleep(100 * time.Millisecond)
+		if len(r.Pins) == 0 || r.Pins[len(r.Pins)-1].LSN < uint64(insertLSN) {
+			time.Sleep(50 * time.Millisecond)
 		}
+	}
+
+	if err := s.cacheRoundTrip(ctx, conn, &r); err != nil {
+		return r, err
 	}
 
 	js, err := jetstream.New(nc)
@@ -122,4 +139,76 @@ func (s *Stack) Smoke(ctx context.Context) (SmokeReport, error) {
 		return r, fmt.Errorf("smoke: Redis: %w", err)
 	}
 	return r, nil
+}
+
+// cacheRoundTrip computes a result at the newest pin, puts it into the
+// cache-node, reads it back, then inserts a row and shows the node ended
+// it there.
+func (s *Stack) cacheRoundTrip(ctx context.Context, conn *pgx.Conn, r *SmokeReport) error {
+	pin := r.Pins[len(r.Pins)-1]
+	err := pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+pin.SnapshotID+"'"); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, "SELECT count(*)::text FROM larder_demo").Scan(&r.CachedCount)
+	})
+	if err != nil {
+		return fmt.Errorf("smoke: read at the pin: %w", err)
+	}
+	cl := protocol.NewClient(s.CacheNodeAddr(), 1)
+	defer cl.Close()
+	key := []byte("larder-demo-count")
+	dep := store.Dep{Tag: "public.larder_demo", Table: "public.larder_demo"} // count(*) reads no column
+	if err := cl.Put(ctx, &protocol.PutRequest{Key: key, Snapshot: pin.LSN, Deps: []store.Dep{dep}, Value: []byte(r.CachedCount)}); err != nil {
+		return fmt.Errorf("smoke: cache-node put: %w", err)
+	}
+	for {
+		res, err := cl.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: pin.LSN, TMax: pin.LSN})
+		if err != nil {
+			return fmt.Errorf("smoke: cache-node lookup: %w", err)
+		}
+		if res.Miss == store.Hit {
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("smoke: the cache-node never served the put: %w", ctx.Err())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var walText string
+	if err := conn.QueryRow(ctx, "WITH ins AS (INSERT INTO larder_demo DEFAULT VALUES RETURNING 1) SELECT pg_current_wal_lsn()::text FROM ins").Scan(&walText); err != nil {
+		return fmt.Errorf("smoke: insert: %w", err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&walText); err != nil {
+		return fmt.Errorf("smoke: %w", err)
+	}
+	wal, err := pglogrepl.ParseLSN(walText)
+	if err != nil {
+		return err
+	}
+	r.EndedBy = uint64(wal)
+	for {
+		st, err := cl.Stats(ctx)
+		if err != nil {
+			return fmt.Errorf("smoke: cache-node stats: %w", err)
+		}
+		if st.Watermark >= uint64(wal) {
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("smoke: the cache-node's watermark never passed the insert: %w", ctx.Err())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	res, err := cl.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: pin.LSN, TMax: pin.LSN})
+	if err != nil || res.Miss != store.Hit || res.Open {
+		return fmt.Errorf("smoke: after the insert the cached count should be served, ended, at the pin: %+v %v", res, err)
+	}
+	r.CachedLo, r.CachedHi = res.Lo, res.Hi
+	res, err = cl.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: uint64(wal), TMax: uint64(wal) + 1})
+	if err != nil || res.Miss == store.Hit {
+		return fmt.Errorf("smoke: the cached count was served after the insert: %+v %v", res, err)
+	}
+	r.NewerMiss = res.Miss.String()
+	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/larderdb/larder/cache-node/daemon"
 	"github.com/larderdb/larder/internal/servers"
 	"github.com/larderdb/larder/invalidator/service"
 )
@@ -31,7 +32,12 @@ type Config struct {
 	// InvalidatorMetrics is the address of the invalidator's /metrics
 	// ("127.0.0.1:0" picks a free port, "" serves none).
 	InvalidatorMetrics string
-	// Log receives the invalidator's log; nil discards it.
+	// CacheNodePort is the cache-node's protocol port on 127.0.0.1 (0: a
+	// free port); CacheNodeMemory its byte budget.
+	CacheNodePort   int
+	CacheNodeMemory int64
+	// Log receives the invalidator's and the cache-node's logs; nil
+	// discards them.
 	Log *slog.Logger
 }
 
@@ -45,6 +51,8 @@ func DefaultConfig() Config {
 		RedisPort:          16379,
 		NATSBin:            "nats-server",
 		InvalidatorMetrics: "127.0.0.1:19188",
+		CacheNodePort:      17070,
+		CacheNodeMemory:    256 << 20,
 	}
 }
 
@@ -73,6 +81,10 @@ type Stack struct {
 	stopInvalidator context.CancelFunc
 	invalidatorDone chan error
 	metricsAddr     string
+
+	stopNode context.CancelFunc
+	nodeDone chan error
+	nodeAddr string
 
 	closeOnce sync.Once
 	closeErr  error
@@ -112,6 +124,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	if err := s.startInvalidator(cfg); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: invalidator: %w", err)
+	}
+	if err := s.startCacheNode(cfg); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("local: cache-node: %w", err)
 	}
 	if err := os.WriteFile(s.EnvFile(), []byte(s.envText()), 0o644); err != nil {
 		_ = s.Close()
@@ -155,6 +171,33 @@ func (s *Stack) startInvalidator(cfg Config) error {
 	return nil
 }
 
+// startCacheNode runs a cache-node with the memory backend in this process.
+func (s *Stack) startCacheNode(cfg Config) error {
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	budget := cfg.CacheNodeMemory
+	if budget <= 0 {
+		budget = 256 << 20
+	}
+	o := daemon.Options{Listen: fmt.Sprintf("127.0.0.1:%d", cfg.CacheNodePort), NATS: s.NATS.URL(), Store: "memory", Memory: budget}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	s.stopNode, s.nodeDone = cancel, make(chan error, 1)
+	go func() { s.nodeDone <- daemon.Run(ctx, o, log, ready) }()
+	select {
+	case s.nodeAddr = <-ready:
+		return nil
+	case err := <-s.nodeDone:
+		s.nodeDone <- err
+		return err
+	}
+}
+
+// CacheNodeAddr is where the cache-node serves its protocol.
+func (s *Stack) CacheNodeAddr() string { return s.nodeAddr }
+
 // InvalidatorMetricsURL is the invalidator's Prometheus endpoint, if any.
 func (s *Stack) InvalidatorMetricsURL() string {
 	if s.metricsAddr == "" {
@@ -169,6 +212,9 @@ func (s *Stack) URLs() map[string]string {
 		"LARDER_PG_URL":    s.PG.URL("postgres"),
 		"LARDER_NATS_URL":  s.NATS.URL(),
 		"LARDER_REDIS_URL": s.Redis.URL(),
+	}
+	if s.nodeAddr != "" {
+		m["LARDER_CACHE_NODE"] = s.nodeAddr
 	}
 	if u := s.InvalidatorMetricsURL(); u != "" {
 		m["LARDER_INVALIDATOR_METRICS"] = u
@@ -197,6 +243,12 @@ func (s *Stack) envText() string {
 func (s *Stack) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
+		if s.stopNode != nil {
+			s.stopNode()
+			if err := <-s.nodeDone; err != nil {
+				errs = append(errs, fmt.Errorf("cache-node: %w", err))
+			}
+		}
 		if s.stopInvalidator != nil {
 			s.stopInvalidator()
 			if err := <-s.invalidatorDone; err != nil {
