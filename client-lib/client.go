@@ -1,0 +1,191 @@
+package larder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+
+	"github.com/larderdb/larder/cache-node/protocol"
+	"github.com/larderdb/larder/cache-node/store"
+	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/qumaana/quma"
+)
+
+// Config configures a Client.
+type Config struct {
+	PostgresURL string
+	NATSURL     string
+	Prefix      string   // NATS subject prefix (the invalidator's); default "larder"
+	Nodes       []string // cache-node addresses; a key lives on one of them
+	// QUMA is the qumaana solution file (analyze --format json): the schema
+	// and the tag column sets the invalidator publishes.
+	QUMA string
+	// Staleness is the default staleness limit of read-only transactions.
+	Staleness time.Duration
+	// L1Bytes is the in-process cache's byte budget (0: no L1).
+	L1Bytes int64
+	Log     *slog.Logger
+}
+
+// Client is a connection to PostgreSQL through Larder.
+type Client struct {
+	cfg      Config
+	pool     *pgxpool.Pool
+	nc       *nats.Conn
+	pins     *pinTracker
+	nodes    []*protocol.Client
+	analyzer *quma.Analyzer
+	l1       *store.Memory
+	maps     sync.Pool
+	puts     sync.WaitGroup
+
+	// minLSN: read-only transactions of this client use timestamps at or
+	// after it (read your writes).
+	minLSN atomic.Uint64
+	stats  Stats
+}
+
+// Stats counts what the client did.
+type Stats struct {
+	L1Hits, NodeHits, Misses, Uncacheable, Fallbacks, NodeErrors atomic.Int64
+}
+
+// Open connects to PostgreSQL, NATS and the cache-nodes and loads the
+// QUMA file.
+func Open(ctx context.Context, cfg Config) (*Client, error) {
+	if cfg.PostgresURL == "" || cfg.NATSURL == "" || cfg.QUMA == "" {
+		return nil, errors.New("larder: PostgresURL, NATSURL and QUMA are required")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = invalidation.DefaultPrefix
+	}
+	if cfg.Staleness <= 0 {
+		cfg.Staleness = 30 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	f, err := os.Open(cfg.QUMA)
+	if err != nil {
+		return nil, fmt.Errorf("larder: %w", err)
+	}
+	sol, err := quma.ReadSolution(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("larder: %s: %w", cfg.QUMA, err)
+	}
+	c := &Client{cfg: cfg, analyzer: sol.Analyzer()}
+	c.maps.New = func() any { return &pgxTypeMap{pgtype.NewMap()} }
+	if cfg.L1Bytes > 0 {
+		c.l1 = store.NewMemory(cfg.L1Bytes, nil)
+	}
+	if c.pool, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
+		return nil, fmt.Errorf("larder: %w", err)
+	}
+	if c.nc, err = nats.Connect(cfg.NATSURL, nats.Name("larder-client"), nats.MaxReconnects(-1)); err != nil {
+		c.pool.Close()
+		return nil, fmt.Errorf("larder: NATS: %w", err)
+	}
+	if c.pins, err = newPinTracker(ctx, c.nc, cfg.Prefix); err != nil {
+		c.Close()
+		return nil, err
+	}
+	for _, addr := range cfg.Nodes {
+		c.nodes = append(c.nodes, protocol.NewClient(addr, 8))
+	}
+	return c, nil
+}
+
+// Close waits for pending puts and closes every connection.
+func (c *Client) Close() {
+	c.puts.Wait()
+	for _, n := range c.nodes {
+		n.Close()
+	}
+	if c.pins != nil {
+		c.pins.close()
+	}
+	if c.nc != nil {
+		c.nc.Close()
+	}
+	if c.pool != nil {
+		c.pool.Close()
+	}
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() *Stats { return &c.stats }
+
+func (c *Client) node(key []byte) *protocol.Client {
+	if len(c.nodes) == 0 {
+		return nil
+	}
+	h := fnv.New32a()
+	h.Write(key)
+	return c.nodes[int(h.Sum32()%uint32(len(c.nodes)))]
+}
+
+// BeginRW starts a read/write transaction: straight PostgreSQL. Its
+// commit raises this client's minimum timestamp (read your writes).
+func (c *Client) BeginRW(ctx context.Context) (*RWTx, error) {
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("larder: %w", err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("larder: %w", err)
+	}
+	return &RWTx{Tx: tx, conn: conn, c: c}, nil
+}
+
+// RWTx is a read/write transaction (a pgx.Tx).
+type RWTx struct {
+	pgx.Tx
+	conn *pgxpool.Conn
+	c    *Client
+}
+
+// Commit commits and records the commit's WAL position: later read-only
+// transactions of the client see this transaction.
+func (t *RWTx) Commit(ctx context.Context) error {
+	defer t.conn.Release()
+	if err := t.Tx.Commit(ctx); err != nil {
+		return err
+	}
+	var s string
+	if err := t.conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&s); err != nil {
+		return fmt.Errorf("larder: committed, but reading the WAL position failed: %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		return err
+	}
+	for {
+		old := t.c.minLSN.Load()
+		if uint64(lsn) <= old || t.c.minLSN.CompareAndSwap(old, uint64(lsn)) {
+			return nil
+		}
+	}
+}
+
+// Rollback rolls back.
+func (t *RWTx) Rollback(ctx context.Context) error {
+	defer t.conn.Release()
+	return t.Tx.Rollback(ctx)
+}
+
+type pgxTypeMap struct{ *pgtype.Map }

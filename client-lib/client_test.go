@@ -1,0 +1,280 @@
+package larder
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/larderdb/larder/cache-node/daemon"
+	"github.com/larderdb/larder/internal/testenv"
+	"github.com/larderdb/larder/invalidator/service"
+	"github.com/larderdb/larder/qumaana/quma"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, testenv.Need{Postgres: true, NATS: true}, &env))
+}
+
+const accounts = 4
+const total = 100 * accounts
+
+const schemaSQL = `CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL);
+ALTER TABLE accounts REPLICA IDENTITY FULL;`
+
+const readBalance = "SELECT balance FROM accounts WHERE id = $1"
+
+var stackSeq atomic.Int64
+
+// stack is PostgreSQL, the invalidator with its pincushion and a
+// cache-node, all real, and a QUMA file for the accounts schema.
+type stack struct {
+	url, prefix, quma, node string
+	conn                    *pgx.Conn
+}
+
+func startStack(t *testing.T) *stack {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &stack{url: testenv.Database(t, env.PG), prefix: fmt.Sprintf("cl%d", stackSeq.Add(1))}
+	var err error
+	if s.conn, err = pgx.Connect(ctx, s.url); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.conn.Close(context.Background()) })
+	values := make([]string, accounts)
+	for i := range values {
+		values[i] = fmt.Sprintf("(%d, 100)", i+1)
+	}
+	if _, err := s.conn.Exec(ctx, schemaSQL+"INSERT INTO accounts VALUES "+strings.Join(values, ",")); err != nil {
+		t.Fatal(err)
+	}
+	// The QUMA file.
+	schema, err := quma.LoadDDL(schemaSQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sol, err := quma.AnalyzeWorkload(schema, []quma.Statement{{SQL: readBalance, Frequency: 1}, {SQL: "UPDATE accounts SET balance = balance + $1 WHERE id = $2", Frequency: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.quma = filepath.Join(t.TempDir(), "quma.json")
+	f, err := os.Create(s.quma)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sol.WriteJSON(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	o := service.Defaults()
+	o.PG, o.NATS, o.Prefix, o.Slot, o.Publication, o.Metrics = s.url, env.NATS.URL(), s.prefix, s.prefix, s.prefix, ""
+	o.Heartbeat, o.PinInterval, o.MaxStaleness = 20*time.Millisecond, 100*time.Millisecond, 10*time.Second
+	invDone := make(chan error, 1)
+	go func() { invDone <- service.Run(ctx, o, quiet) }()
+	ready := make(chan string, 1)
+	nodeDone := make(chan error, 1)
+	go func() {
+		nodeDone <- daemon.Run(ctx, daemon.Options{Listen: "127.0.0.1:0", NATS: env.NATS.URL(), Prefix: s.prefix, Store: "memory", Memory: 64 << 20}, quiet, ready)
+	}()
+	select {
+	case s.node = <-ready:
+	case err := <-nodeDone:
+		t.Fatalf("cache-node: %v", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		<-invDone
+		<-nodeDone
+	})
+	return s
+}
+
+func (s *stack) client(t *testing.T, l1 int64) *Client {
+	t.Helper()
+	c, err := Open(context.Background(), Config{PostgresURL: s.url, NATSURL: env.NATS.URL(), Prefix: s.prefix, Nodes: []string{s.node}, QUMA: s.quma, Staleness: 3 * time.Second, L1Bytes: l1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	// Wait for pins.
+	for deadline := time.Now().Add(30 * time.Second); len(c.pins.candidates(time.Now().Add(-time.Minute), 0)) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no pins")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return c
+}
+
+func TestReadsHitTheCacheAndSeeTheirWrites(t *testing.T) {
+	s := startStack(t)
+	c := s.client(t, 8<<20)
+	ctx := context.Background()
+	read := func() int {
+		t.Helper()
+		tx, err := c.BeginRO(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Commit(ctx)
+		var b int
+		if err := tx.QueryRow(ctx, readBalance, []any{1}, &b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if b := read(); b != 100 {
+		t.Fatalf("balance %d", b)
+	}
+	// Later transactions find it in the L1 or on the node.
+	for deadline := time.Now().Add(20 * time.Second); c.Stats().NodeHits.Load()+c.Stats().L1Hits.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("never a hit: %d misses", c.Stats().Misses.Load())
+		}
+		if b := read(); b != 100 {
+			t.Fatalf("balance %d", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Read your writes.
+	rw, err := c.BeginRW(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rw.Exec(ctx, "UPDATE accounts SET balance = balance + 7 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b := read(); b != 107 {
+		t.Fatalf("after my own write the balance is %d, want 107", b)
+	}
+}
+
+// TestSnapshotConsistencyUnderConcurrentTransfers: writers move money
+// between accounts directly on PostgreSQL (not through Larder); readers
+// read every balance in one read-only transaction, each balance by its own
+// cached query, and the sum must always be the total — it would not be if
+// any two results came from different snapshots.
+func TestSnapshotConsistencyUnderConcurrentTransfers(t *testing.T) {
+	for _, c := range []struct {
+		broken bool
+		l1     int64
+	}{{false, 8 << 20}, {false, 0}, {true, 8 << 20}} {
+		broken := c.broken
+		t.Run(fmt.Sprintf("broken=%v,L1=%d", broken, c.l1), func(t *testing.T) {
+			skipNarrowForTest = broken
+			defer func() { skipNarrowForTest = false }()
+			bad, reads := transfersAndReads(t, c.l1)
+			if broken && bad == 0 {
+				t.Fatalf("a client that does not narrow its candidates passed %d transactions: the test cannot fail", reads)
+			}
+			if !broken && bad > 0 {
+				t.Fatalf("%d of %d read-only transactions saw an inconsistent total", bad, reads)
+			}
+		})
+	}
+}
+
+func transfersAndReads(t *testing.T, l1 int64) (int64, int64) {
+	s := startStack(t)
+	c := s.client(t, l1)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var transfers atomic.Int64
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(seed))
+			conn, err := pgx.Connect(context.Background(), s.url)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close(context.Background())
+			for ctx.Err() == nil {
+				a, b, amt := 1+r.Intn(accounts), 1+r.Intn(accounts), 1+r.Intn(10)
+				if a > b {
+					a, b, amt = b, a, -amt // lock rows in id order: no deadlocks
+				}
+				err := pgx.BeginFunc(context.Background(), conn, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(context.Background(), "UPDATE accounts SET balance = balance - $1 WHERE id = $2", amt, a); err != nil {
+						return err
+					}
+					_, err := tx.Exec(context.Background(), "UPDATE accounts SET balance = balance + $1 WHERE id = $2", amt, b)
+					return err
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				transfers.Add(1)
+				time.Sleep(time.Duration(r.Intn(5)) * time.Millisecond)
+			}
+		}(int64(w))
+	}
+	var reads, bad, retries atomic.Int64
+	for rd := 0; rd < 3; rd++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(seed))
+			for ctx.Err() == nil {
+				tx, err := c.BeginRO(context.Background(), time.Duration(200+r.Intn(2000))*time.Millisecond)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				sum := 0
+				order := r.Perm(accounts)
+				var rerr error
+				for _, i := range order {
+					var b int
+					if rerr = tx.QueryRow(context.Background(), readBalance, []any{i + 1}, &b); rerr != nil {
+						break
+					}
+					sum += b
+				}
+				_ = tx.Commit(context.Background())
+				if rerr == ErrRetry {
+					retries.Add(1)
+					continue
+				}
+				if rerr != nil {
+					t.Error(rerr)
+					return
+				}
+				reads.Add(1)
+				if sum != total {
+					bad.Add(1)
+				}
+			}
+		}(int64(10 + rd))
+	}
+	wg.Wait()
+	st := c.Stats()
+	t.Logf("%d transfers, %d read-only transactions (%d retried): %d L1 hits, %d node hits, %d misses, %d fallbacks",
+		transfers.Load(), reads.Load(), retries.Load(), st.L1Hits.Load(), st.NodeHits.Load(), st.Misses.Load(), st.Fallbacks.Load())
+	if st.L1Hits.Load()+st.NodeHits.Load() == 0 || transfers.Load() == 0 {
+		t.Fatal("the cache was never hit or nothing was written: the test proves nothing")
+	}
+	return bad.Load(), reads.Load()
+}

@@ -1,0 +1,191 @@
+package larder
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/larderdb/larder/internal/wire"
+)
+
+// resultVersion is the first byte of an encoded result.
+const resultVersion = 1
+
+// errCorruptResult marks a cached result that does not decode; the
+// transaction then reads from PostgreSQL instead.
+var errCorruptResult = errors.New("larder: corrupt cached result")
+
+// Result is a query's result held in memory: column descriptions and raw
+// values in PostgreSQL's wire formats, as pgx received them.
+type Result struct {
+	Fields []pgconn.FieldDescription
+	Rows   [][][]byte // nil value = NULL
+}
+
+// readResult drains rows into a Result.
+func readResult(rows pgx.Rows) (*Result, error) {
+	defer rows.Close()
+	r := &Result{Fields: append([]pgconn.FieldDescription(nil), rows.FieldDescriptions()...)}
+	for rows.Next() {
+		raw := rows.RawValues()
+		row := make([][]byte, len(raw))
+		for i, v := range raw {
+			if v != nil {
+				row[i] = append([]byte{}, v...)
+			}
+		}
+		r.Rows = append(r.Rows, row)
+	}
+	return r, rows.Err()
+}
+
+// encode appends the result's encoding: version, fields (name, table OID,
+// column number, type OID, size, modifier, format), then rows of values
+// (a varint length + 1, 0 for NULL).
+func (r *Result) encode(dst []byte) []byte {
+	dst = append(dst, resultVersion)
+	dst = binary.AppendUvarint(dst, uint64(len(r.Fields)))
+	for _, f := range r.Fields {
+		dst = wire.AppendString(dst, f.Name)
+		dst = binary.AppendUvarint(dst, uint64(f.TableOID))
+		dst = binary.AppendUvarint(dst, uint64(f.TableAttributeNumber))
+		dst = binary.AppendUvarint(dst, uint64(f.DataTypeOID))
+		dst = binary.AppendVarint(dst, int64(f.DataTypeSize))
+		dst = binary.AppendVarint(dst, int64(f.TypeModifier))
+		dst = binary.AppendVarint(dst, int64(f.Format))
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(r.Rows)))
+	for _, row := range r.Rows {
+		for _, v := range row {
+			if v == nil {
+				dst = append(dst, 0)
+				continue
+			}
+			dst = binary.AppendUvarint(dst, uint64(len(v))+1)
+			dst = append(dst, v...)
+		}
+	}
+	return dst
+}
+
+func decodeResult(b []byte) (*Result, error) {
+	if len(b) == 0 || b[0] != resultVersion {
+		return nil, fmt.Errorf("%w: unknown version", errCorruptResult)
+	}
+	d := wire.Decoder{B: b[1:], Wrap: errCorruptResult}
+	r := &Result{}
+	nf := d.Count("fields", 7)
+	for i := 0; i < nf && d.Err == nil; i++ {
+		f := pgconn.FieldDescription{Name: d.String("name")}
+		f.TableOID = uint32(d.Uvarint("table"))
+		f.TableAttributeNumber = uint16(d.Uvarint("column"))
+		f.DataTypeOID = uint32(d.Uvarint("type"))
+		f.DataTypeSize = int16(d.Varint("size"))
+		f.TypeModifier = int32(d.Varint("modifier"))
+		f.Format = int16(d.Varint("format"))
+		r.Fields = append(r.Fields, f)
+	}
+	nr := d.Count("rows", max(nf, 1))
+	for i := 0; i < nr && d.Err == nil; i++ {
+		row := make([][]byte, nf)
+		for j := 0; j < nf && d.Err == nil; j++ {
+			n := d.Uvarint("value length")
+			if n == 0 {
+				continue
+			}
+			n--
+			if n > uint64(len(d.B)) {
+				d.Fail("value of %d bytes in %d", n, len(d.B))
+				break
+			}
+			row[j] = d.B[:n:n]
+			d.B = d.B[n:]
+		}
+		r.Rows = append(r.Rows, row)
+	}
+	return r, d.End()
+}
+
+// Rows iterates over a Result; Scan decodes with pgx's type map, as pgx
+// would have.
+type Rows struct {
+	res  *Result
+	i    int
+	m    *pgxTypeMap
+	err  error
+	done bool
+}
+
+func newRows(res *Result, m *pgxTypeMap) *Rows { return &Rows{res: res, i: -1, m: m} }
+
+// Next advances to the next row.
+func (r *Rows) Next() bool {
+	if r.done || r.err != nil {
+		return false
+	}
+	r.i++
+	if r.i >= len(r.res.Rows) {
+		r.done = true
+		return false
+	}
+	return true
+}
+
+// Scan copies the current row's columns into dest, like pgx.Rows.Scan.
+func (r *Rows) Scan(dest ...any) error {
+	if r.i < 0 || r.i >= len(r.res.Rows) {
+		return errors.New("larder: Scan called without a current row")
+	}
+	if len(dest) != len(r.res.Fields) {
+		return fmt.Errorf("larder: %d destinations for %d columns", len(dest), len(r.res.Fields))
+	}
+	row := r.res.Rows[r.i]
+	for i, d := range dest {
+		f := r.res.Fields[i]
+		if err := r.m.Scan(f.DataTypeOID, f.Format, row[i], d); err != nil {
+			r.err = fmt.Errorf("larder: scan column %s: %w", f.Name, err)
+			return r.err
+		}
+	}
+	return nil
+}
+
+// Values returns the current row's values decoded into Go values.
+func (r *Rows) Values() ([]any, error) {
+	if r.i < 0 || r.i >= len(r.res.Rows) {
+		return nil, errors.New("larder: Values called without a current row")
+	}
+	out := make([]any, len(r.res.Fields))
+	for i, f := range r.res.Fields {
+		v := r.res.Rows[r.i][i]
+		if v == nil {
+			continue
+		}
+		dt, ok := r.m.TypeForOID(f.DataTypeOID)
+		if !ok {
+			out[i] = string(v)
+			continue
+		}
+		val, err := dt.Codec.DecodeValue(r.m.Map, f.DataTypeOID, f.Format, v)
+		if err != nil {
+			return nil, fmt.Errorf("larder: decode column %s: %w", f.Name, err)
+		}
+		out[i] = val
+	}
+	return out, nil
+}
+
+// FieldDescriptions describes the columns.
+func (r *Rows) FieldDescriptions() []pgconn.FieldDescription { return r.res.Fields }
+
+// Err is the error that stopped the iteration, if any.
+func (r *Rows) Err() error { return r.err }
+
+// Close ends the iteration.
+func (r *Rows) Close() { r.done = true }
+
+// Len is the number of rows.
+func (r *Rows) Len() int { return len(r.res.Rows) }

@@ -1,0 +1,291 @@
+package larder
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/larderdb/larder/cache-node/protocol"
+	"github.com/larderdb/larder/cache-node/store"
+	"github.com/larderdb/larder/internal/invalidation"
+)
+
+// ErrRetry is returned when a read-only transaction cannot continue at a
+// snapshot consistent with what it already read (every pin it could use
+// was released): retry the transaction.
+var ErrRetry = errors.New("larder: no snapshot left consistent with the transaction's reads; retry it")
+
+// skipNarrowForTest breaks the client on purpose (hits do not narrow the
+// candidate snapshots) so that a test can show it notices.
+var skipNarrowForTest bool
+
+// ROTx is a read-only transaction: every result it returns, from the L1,
+// a cache-node or PostgreSQL, is the result at one snapshot, taken no
+// earlier than the staleness limit before it began.
+type ROTx struct {
+	c     *Client
+	cands []invalidation.Pin // usable pins, by LSN
+	// Once a query ran on PostgreSQL the transaction is fixed at a pin.
+	conn  *pgxpool.Conn
+	tx    pgx.Tx
+	fixed bool
+	ts    uint64
+	// fallback: no pin was usable; the transaction runs on a fresh
+	// snapshot, without the cache.
+	fallback bool
+	m        *pgxTypeMap
+	done     bool
+}
+
+// BeginRO starts a read-only transaction with a staleness limit (0: the
+// client's default).
+func (c *Client) BeginRO(ctx context.Context, staleness time.Duration) (*ROTx, error) {
+	if staleness <= 0 {
+		staleness = c.cfg.Staleness
+	}
+	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap)}
+	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN.Load())
+	if len(t.cands) == 0 {
+		c.stats.Fallbacks.Add(1)
+		if err := t.begin(ctx, ""); err != nil {
+			t.release()
+			return nil, err
+		}
+		t.fallback = true
+	}
+	return t, nil
+}
+
+// begin opens the PostgreSQL transaction, at a snapshot when one is given.
+func (t *ROTx) begin(ctx context.Context, snapshot string) error {
+	conn, err := t.c.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("larder: %w", err)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		conn.Release()
+		return fmt.Errorf("larder: %w", err)
+	}
+	if snapshot != "" {
+		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+snapshot+"'"); err != nil {
+			_ = tx.Rollback(ctx)
+			conn.Release()
+			return err
+		}
+	}
+	t.conn, t.tx = conn, tx
+	return nil
+}
+
+// fix runs the transaction's PostgreSQL part at the newest usable pin.
+func (t *ROTx) fix(ctx context.Context) error {
+	if t.fixed || t.fallback {
+		return nil
+	}
+	for len(t.cands) > 0 {
+		pin := t.cands[len(t.cands)-1]
+		err := t.begin(ctx, pin.SnapshotID)
+		if err == nil {
+			t.fixed, t.ts = true, pin.LSN
+			t.cands = []invalidation.Pin{pin}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		// The pin was released since (expired or thinned): the next one.
+		t.cands = t.cands[:len(t.cands)-1]
+	}
+	return ErrRetry
+}
+
+// Query runs a query in the transaction.
+func (t *ROTx) Query(ctx context.Context, sql string, args ...any) (*Rows, error) {
+	if t.done {
+		return nil, errors.New("larder: transaction finished")
+	}
+	res, err := t.query(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	return newRows(res, t.m), nil
+}
+
+// QueryRow runs a query expected to return one row and scans it.
+func (t *ROTx) QueryRow(ctx context.Context, sql string, args []any, dest ...any) error {
+	rows, err := t.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return pgx.ErrNoRows
+	}
+	return rows.Scan(dest...)
+}
+
+// Timestamp is the snapshot the transaction reads at once it is fixed (0
+// before, or in a fallback transaction).
+func (t *ROTx) Timestamp() uint64 {
+	if t.fixed {
+		return t.ts
+	}
+	return 0
+}
+
+// Range is the span of timestamps still possible for the transaction.
+func (t *ROTx) Range() (lo, hi uint64) {
+	if len(t.cands) == 0 {
+		return 0, 0
+	}
+	return t.cands[0].LSN, t.cands[len(t.cands)-1].LSN
+}
+
+func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, error) {
+	if t.fallback {
+		return t.onDB(ctx, sql, args)
+	}
+	tpl, err := t.c.analyzer.Prepare(sql)
+	if err != nil || !tpl.Cacheable {
+		t.c.stats.Uncacheable.Add(1)
+		return t.atSnapshot(ctx, sql, args)
+	}
+	qtags, err := tpl.Tags(args)
+	if err != nil {
+		t.c.stats.Uncacheable.Add(1)
+		return t.atSnapshot(ctx, sql, args)
+	}
+	key := t.c.key(tpl.ID, tpl.SQL, args)
+	tmin, tmax := t.Range()
+
+	if t.c.l1 != nil {
+		if r, err := t.c.l1.Lookup(ctx, key, tmin, tmax, store.Open); err == nil && r.Miss == store.Hit && t.narrow(r.Lo, r.Hi) {
+			if res, err := decodeResult(r.Value); err == nil {
+				t.c.stats.L1Hits.Add(1)
+				return res, nil
+			}
+		}
+	}
+	node := t.c.node(key)
+	if node != nil {
+		r, err := node.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: tpl.ID})
+		if err != nil {
+			t.c.stats.NodeErrors.Add(1)
+		} else if r.Miss == store.Hit && t.narrow(r.Lo, r.Hi) {
+			if res, err := decodeResult(r.Value); err == nil {
+				t.c.stats.NodeHits.Add(1)
+				if t.c.l1 != nil {
+					// A closed interval: what the node proved when it answered.
+					_ = t.c.l1.Put(ctx, key, &store.Version{Lo: r.Lo, Hi: r.Hi, Snapshot: r.Snapshot, Value: r.Value})
+				}
+				return res, nil
+			}
+		}
+	}
+
+	t.c.stats.Misses.Add(1)
+	res, err := t.atSnapshot(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	value := res.encode(nil)
+	if t.c.l1 != nil {
+		_ = t.c.l1.Put(ctx, key, &store.Version{Lo: t.ts, Hi: t.ts + 1, Snapshot: t.ts, Value: value})
+	}
+	if node != nil {
+		deps := make([]store.Dep, 0, len(qtags))
+		for _, q := range qtags {
+			deps = append(deps, store.Dep{Tag: q.Tag.String(), Table: q.Table, Reads: q.Reads, AllColumns: q.AllColumns})
+		}
+		put := &protocol.PutRequest{Key: key, Snapshot: t.ts, Deps: deps, Template: tpl.ID, Value: value}
+		t.c.puts.Add(1)
+		go func() {
+			defer t.c.puts.Done()
+			pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := node.Put(pctx, put); err != nil {
+				t.c.stats.NodeErrors.Add(1)
+			}
+		}()
+	}
+	return res, nil
+}
+
+// narrow keeps the candidate pins inside [lo, hi); a hit that leaves
+// none is not used.
+func (t *ROTx) narrow(lo, hi uint64) bool {
+	if skipNarrowForTest {
+		return true
+	}
+	var kept []invalidation.Pin
+	for _, p := range t.cands {
+		if p.LSN >= lo && p.LSN < hi {
+			kept = append(kept, p)
+		}
+	}
+	if len(kept) == 0 {
+		return false
+	}
+	t.cands = kept
+	return true
+}
+
+// atSnapshot runs a query on PostgreSQL at the transaction's pin.
+func (t *ROTx) atSnapshot(ctx context.Context, sql string, args []any) (*Result, error) {
+	if err := t.fix(ctx); err != nil {
+		return nil, err
+	}
+	return t.onDB(ctx, sql, args)
+}
+
+func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error) {
+	rows, err := t.tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return readResult(rows)
+}
+
+// Commit ends the transaction.
+func (t *ROTx) Commit(ctx context.Context) error { return t.end(ctx) }
+
+// Rollback ends the transaction.
+func (t *ROTx) Rollback(ctx context.Context) error { return t.end(ctx) }
+
+func (t *ROTx) end(ctx context.Context) error {
+	if t.done {
+		return nil
+	}
+	t.done = true
+	var err error
+	if t.tx != nil {
+		err = t.tx.Rollback(ctx) // read-only: nothing to keep
+		t.conn.Release()
+	}
+	t.release()
+	return err
+}
+
+func (t *ROTx) release() {
+	if t.m != nil {
+		t.c.maps.Put(t.m)
+		t.m = nil
+	}
+}
+
+// key names a query's result: the role, the settings that change results,
+// the template and the parameter values.
+func (c *Client) key(templateID, sql string, args []any) []byte {
+	h := sha256.New()
+	fmt.Fprintf(h, "v1\x00%s\x00%s\x00%s\x00", c.pool.Config().ConnConfig.User, templateID, sql)
+	for _, a := range args {
+		fmt.Fprintf(h, "%T\x00%v\x00", a, a)
+	}
+	return h.Sum(nil)
+}
