@@ -174,10 +174,16 @@ func (t *RWTx) Commit(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	t.c.sawCommit(uint64(lsn))
+	return nil
+}
+
+// sawCommit raises the minimum timestamp of later read-only transactions.
+func (c *Client) sawCommit(lsn uint64) {
 	for {
-		old := t.c.minLSN.Load()
-		if uint64(lsn) <= old || t.c.minLSN.CompareAndSwap(old, uint64(lsn)) {
-			return nil
+		old := c.minLSN.Load()
+		if lsn <= old || c.minLSN.CompareAndSwap(old, lsn) {
+			return
 		}
 	}
 }

@@ -14,6 +14,7 @@
 // snapshot (counted as a fallback). Read/write transactions (BeginRW) go
 // straight to PostgreSQL.
 //
-// The database/sql driver, row-level-security-aware keys, fresh "now"
-// snapshots and the history checker are still to come.
+// Importing the package registers the database/sql driver "larder" (see
+// Driver). Row-level-security-aware keys, fresh "now" snapshots and the
+// history checker are still to come.
 package larder
