@@ -36,7 +36,13 @@ type Config struct {
 	Staleness time.Duration
 	// L1Bytes is the in-process cache's byte budget (0: no L1).
 	L1Bytes int64
-	Log     *slog.Logger
+	// KeySettings names settings (besides the role and search_path, which
+	// always count) whose values change results — row-level-security
+	// variables such as app.tenant_id. Their values at connect time go into
+	// every key, so a result is never served to a session that could not
+	// have read it.
+	KeySettings []string
+	Log         *slog.Logger
 }
 
 // Client is a connection to PostgreSQL through Larder.
@@ -55,6 +61,9 @@ type Client struct {
 	// after it (read your writes).
 	minLSN atomic.Uint64
 	stats  Stats
+	// keyScope identifies what changes results besides the query: the
+	// role, search_path and KeySettings, as PostgreSQL reports them.
+	keyScope string
 }
 
 // Stats counts what the client did.
@@ -94,6 +103,10 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	if c.pool, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
 		return nil, fmt.Errorf("larder: %w", err)
 	}
+	if c.keyScope, err = readKeyScope(ctx, c.pool, cfg.KeySettings); err != nil {
+		c.pool.Close()
+		return nil, err
+	}
 	if c.nc, err = nats.Connect(cfg.NATSURL, nats.Name("larder-client"), nats.MaxReconnects(-1)); err != nil {
 		c.pool.Close()
 		return nil, fmt.Errorf("larder: NATS: %w", err)
@@ -106,6 +119,27 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 		c.nodes = append(c.nodes, protocol.NewClient(addr, 8))
 	}
 	return c, nil
+}
+
+// readKeyScope reads the session state that changes results.
+func readKeyScope(ctx context.Context, pool *pgxpool.Pool, settings []string) (string, error) {
+	var role, path string
+	if err := pool.QueryRow(ctx, "SELECT current_user, current_setting('search_path')").Scan(&role, &path); err != nil {
+		return "", fmt.Errorf("larder: read the session's role: %w", err)
+	}
+	scope := "role=" + role + "\x00search_path=" + path
+	for _, name := range settings {
+		var v *string
+		if err := pool.QueryRow(ctx, "SELECT current_setting($1, true)", name).Scan(&v); err != nil {
+			return "", fmt.Errorf("larder: read setting %s: %w", name, err)
+		}
+		val := "<unset>"
+		if v != nil {
+			val = "=" + *v
+		}
+		scope += "\x00" + name + val
+	}
+	return scope, nil
 }
 
 // Close waits for pending puts and closes every connection.

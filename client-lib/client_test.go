@@ -47,6 +47,18 @@ type stack struct {
 
 func startStack(t *testing.T) *stack {
 	t.Helper()
+	values := make([]string, accounts)
+	for i := range values {
+		values[i] = fmt.Sprintf("(%d, 100)", i+1)
+	}
+	return startStackWith(t, schemaSQL, "INSERT INTO accounts VALUES "+strings.Join(values, ","),
+		readBalance, "UPDATE accounts SET balance = balance + $1 WHERE id = $2")
+}
+
+// startStackWith starts a stack on a database made by ddl and seed, with
+// a QUMA file analyzed from ddl and the templates.
+func startStackWith(t *testing.T, ddl, seed string, templates ...string) *stack {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &stack{url: testenv.Database(t, env.PG), prefix: fmt.Sprintf("cl%d", stackSeq.Add(1))}
 	var err error
@@ -54,19 +66,19 @@ func startStack(t *testing.T) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.conn.Close(context.Background()) })
-	values := make([]string, accounts)
-	for i := range values {
-		values[i] = fmt.Sprintf("(%d, 100)", i+1)
-	}
-	if _, err := s.conn.Exec(ctx, schemaSQL+"INSERT INTO accounts VALUES "+strings.Join(values, ",")); err != nil {
+	if _, err := s.conn.Exec(ctx, ddl+";"+seed); err != nil {
 		t.Fatal(err)
 	}
 	// The QUMA file.
-	schema, err := quma.LoadDDL(schemaSQL)
+	schema, err := quma.LoadDDL(ddl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sol, err := quma.AnalyzeWorkload(schema, []quma.Statement{{SQL: readBalance, Frequency: 1}, {SQL: "UPDATE accounts SET balance = balance + $1 WHERE id = $2", Frequency: 1}})
+	var work []quma.Statement
+	for _, tpl := range templates {
+		work = append(work, quma.Statement{SQL: tpl, Frequency: 1})
+	}
+	sol, err := quma.AnalyzeWorkload(schema, work)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,8 +117,12 @@ func startStack(t *testing.T) *stack {
 }
 
 func (s *stack) client(t *testing.T, l1 int64) *Client {
+	return s.clientAs(t, s.url, l1)
+}
+
+func (s *stack) clientAs(t *testing.T, pgURL string, l1 int64) *Client {
 	t.Helper()
-	c, err := Open(context.Background(), Config{PostgresURL: s.url, NATSURL: env.NATS.URL(), Prefix: s.prefix, Nodes: []string{s.node}, QUMA: s.quma, Staleness: 3 * time.Second, L1Bytes: l1})
+	c, err := Open(context.Background(), Config{PostgresURL: pgURL, NATSURL: env.NATS.URL(), Prefix: s.prefix, Nodes: []string{s.node}, QUMA: s.quma, Staleness: 3 * time.Second, L1Bytes: l1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -283,7 +283,7 @@ func (t *ROTx) release() {
 // the template and the parameter values.
 func (c *Client) key(templateID, sql string, args []any) []byte {
 	h := sha256.New()
-	fmt.Fprintf(h, "v1\x00%s\x00%s\x00%s\x00", c.pool.Config().ConnConfig.User, templateID, sql)
+	fmt.Fprintf(h, "v1\x00%s\x00%s\x00%s\x00", c.keyScope, templateID, sql)
 	for _, a := range args {
 		fmt.Fprintf(h, "%T\x00%v\x00", a, a)
 	}
