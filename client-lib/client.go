@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/cache-node/store"
@@ -43,6 +45,7 @@ type Config struct {
 	// have read it.
 	KeySettings []string
 	Log         *slog.Logger
+	Metrics     prometheus.Registerer // may be nil
 }
 
 // Client is a connection to PostgreSQL through Larder.
@@ -61,6 +64,8 @@ type Client struct {
 	// after it (read your writes).
 	minLSN atomic.Uint64
 	stats  Stats
+	flight singleflight.Group
+	m      *clientMetrics
 	// keyScope identifies what changes results besides the query: the
 	// role, search_path and KeySettings, as PostgreSQL reports them.
 	keyScope string
@@ -95,7 +100,7 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("larder: %s: %w", cfg.QUMA, err)
 	}
-	c := &Client{cfg: cfg, analyzer: sol.Analyzer()}
+	c := &Client{cfg: cfg, analyzer: sol.Analyzer(), m: newClientMetrics(cfg.Metrics)}
 	c.maps.New = func() any { return &pgxTypeMap{pgtype.NewMap()} }
 	if cfg.L1Bytes > 0 {
 		c.l1 = store.NewMemory(cfg.L1Bytes, nil)

@@ -294,3 +294,29 @@ func transfersAndReads(t *testing.T, l1 int64) (int64, int64) {
 	}
 	return bad.Load(), reads.Load()
 }
+
+// A dead cache-node costs speed, never correctness or an error.
+func TestDeadNodeDegradesToDatabase(t *testing.T) {
+	s := startStack(t)
+	s.client(t, 0)         // waits for pins
+	s.node = "127.0.0.1:1" // nothing listens there
+	c := s.client(t, 0)
+	ctx := context.Background()
+	for i := 0; i < 5; i++ {
+		tx, err := c.BeginRO(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b int
+		if err := tx.QueryRow(ctx, readBalance, []any{3}, &b); err != nil {
+			t.Fatalf("a dead node made the read fail: %v", err)
+		}
+		_ = tx.Commit(ctx)
+		if b != 100 {
+			t.Fatalf("balance %d", b)
+		}
+	}
+	if c.Stats().NodeErrors.Load() == 0 || c.Stats().Misses.Load() != 5 {
+		t.Fatalf("node errors %d, misses %d", c.Stats().NodeErrors.Load(), c.Stats().Misses.Load())
+	}
+}

@@ -52,6 +52,7 @@ func (c *Client) BeginRO(ctx context.Context, staleness time.Duration) (*ROTx, e
 	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN.Load())
 	if len(t.cands) == 0 {
 		c.stats.Fallbacks.Add(1)
+		c.m.fallbacks.Inc()
 		if err := t.begin(ctx, ""); err != nil {
 			t.release()
 			return nil, err
@@ -154,11 +155,17 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	tpl, err := t.c.analyzer.Prepare(sql)
 	if err != nil || !tpl.Cacheable {
 		t.c.stats.Uncacheable.Add(1)
+		reason := "unparsable"
+		if err == nil {
+			reason = tpl.Reason
+		}
+		t.c.m.uncacheable(reason)
 		return t.atSnapshot(ctx, sql, args)
 	}
 	qtags, err := tpl.Tags(args)
 	if err != nil {
 		t.c.stats.Uncacheable.Add(1)
+		t.c.m.uncacheable("parameters: " + err.Error())
 		return t.atSnapshot(ctx, sql, args)
 	}
 	key := t.c.key(tpl.ID, tpl.SQL, args)
@@ -168,6 +175,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		if r, err := t.c.l1.Lookup(ctx, key, tmin, tmax, store.Open); err == nil && r.Miss == store.Hit && t.narrow(r.Lo, r.Hi) {
 			if res, err := decodeResult(r.Value); err == nil {
 				t.c.stats.L1Hits.Add(1)
+				t.c.m.reads.WithLabelValues("l1").Inc()
 				return res, nil
 			}
 		}
@@ -177,9 +185,11 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		r, err := node.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: tpl.ID})
 		if err != nil {
 			t.c.stats.NodeErrors.Add(1)
+			t.c.m.nodeErrors.Inc()
 		} else if r.Miss == store.Hit && t.narrow(r.Lo, r.Hi) {
 			if res, err := decodeResult(r.Value); err == nil {
 				t.c.stats.NodeHits.Add(1)
+				t.c.m.reads.WithLabelValues("node").Inc()
 				if t.c.l1 != nil {
 					// A closed interval: what the node proved when it answered.
 					_ = t.c.l1.Put(ctx, key, &store.Version{Lo: r.Lo, Hi: r.Hi, Snapshot: r.Snapshot, Value: r.Value})
@@ -190,9 +200,20 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	}
 
 	t.c.stats.Misses.Add(1)
-	res, err := t.atSnapshot(ctx, sql, args)
+	t.c.m.reads.WithLabelValues("database").Inc()
+	if err := t.fix(ctx); err != nil {
+		return nil, err
+	}
+	// Identical misses at the same snapshot load once.
+	v, err, shared := t.c.flight.Do(fmt.Sprintf("%x@%d", key, t.ts), func() (any, error) {
+		return t.onDB(ctx, sql, args)
+	})
 	if err != nil {
 		return nil, err
+	}
+	res := v.(*Result)
+	if shared {
+		t.c.m.collapsed.Inc()
 	}
 	value := res.encode(nil)
 	if t.c.l1 != nil {
@@ -211,6 +232,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 			defer cancel()
 			if err := node.Put(pctx, put); err != nil {
 				t.c.stats.NodeErrors.Add(1)
+				t.c.m.nodeErrors.Inc()
 			}
 		}()
 	}

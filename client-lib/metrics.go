@@ -1,0 +1,50 @@
+package larder
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const maxReasons = 100
+
+type clientMetrics struct {
+	reads       *prometheus.CounterVec // source: l1, node, database
+	uncached    *prometheus.CounterVec // reason
+	fallbacks   prometheus.Counter
+	nodeErrors  prometheus.Counter
+	collapsed   prometheus.Counter
+	mu          sync.Mutex
+	seenReasons map[string]bool
+}
+
+func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
+	m := &clientMetrics{
+		reads:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_reads_total", Help: "Cacheable reads in read-only transactions, by where the result came from (l1, node, database)."}, []string{"source"}),
+		uncached:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_uncacheable_total", Help: "Reads that could not be cached, by reason (run at the transaction's snapshot)."}, []string{"reason"}),
+		fallbacks:   prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_fallbacks_total", Help: "Read-only transactions that found no usable pin and ran uncached on a fresh snapshot."}),
+		nodeErrors:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_node_errors_total", Help: "Failed cache-node requests (the read went to PostgreSQL)."}),
+		collapsed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_collapsed_misses_total", Help: "Misses that shared a concurrent identical load."}),
+		seenReasons: map[string]bool{},
+	}
+	for _, s := range []string{"l1", "node", "database"} {
+		m.reads.WithLabelValues(s)
+	}
+	if reg != nil {
+		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed)
+	}
+	return m
+}
+
+func (m *clientMetrics) uncacheable(reason string) {
+	m.mu.Lock()
+	if !m.seenReasons[reason] {
+		if len(m.seenReasons) >= maxReasons {
+			reason = "other"
+		} else {
+			m.seenReasons[reason] = true
+		}
+	}
+	m.mu.Unlock()
+	m.uncached.WithLabelValues(reason).Inc()
+}
