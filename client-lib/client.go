@@ -74,6 +74,9 @@ type Client struct {
 // Stats counts what the client did.
 type Stats struct {
 	L1Hits, NodeHits, Misses, Uncacheable, Fallbacks, NodeErrors atomic.Int64
+	// NowSnapshots counts read-only transactions that found no pin and
+	// ran at a fresh snapshot the pincushion placed.
+	NowSnapshots atomic.Int64
 }
 
 // Open connects to PostgreSQL, NATS and the cache-nodes and loads the

@@ -264,6 +264,9 @@ func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 			r := rand.New(rand.NewSource(seed))
 			for ctx.Err() == nil {
 				staleness := time.Duration(200+r.Intn(2000)) * time.Millisecond
+				if r.Intn(10) == 0 {
+					staleness = time.Millisecond // no pin is that fresh: a snapshot taken now
+				}
 				begin := time.Now()
 				tx, err := c.BeginRO(context.Background(), staleness)
 				if err != nil {
@@ -302,8 +305,11 @@ func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 	}
 	wg.Wait()
 	st := c.Stats()
-	t.Logf("%d transfers, %d read-only transactions (%d retried): %d L1 hits, %d node hits, %d misses, %d fallbacks",
-		transfers.Load(), reads.Load(), retries.Load(), st.L1Hits.Load(), st.NodeHits.Load(), st.Misses.Load(), st.Fallbacks.Load())
+	t.Logf("%d transfers, %d read-only transactions (%d retried, %d at fresh snapshots): %d L1 hits, %d node hits, %d misses, %d fallbacks",
+		transfers.Load(), reads.Load(), retries.Load(), st.NowSnapshots.Load(), st.L1Hits.Load(), st.NodeHits.Load(), st.Misses.Load(), st.Fallbacks.Load())
+	if st.NowSnapshots.Load() == 0 {
+		t.Error("no transaction ran at a fresh snapshot: that path went unchecked")
+	}
 	if st.L1Hits.Load()+st.NodeHits.Load() == 0 || transfers.Load() == 0 {
 		t.Fatal("the cache was never hit or nothing was written: the test proves nothing")
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -51,15 +52,56 @@ func (c *Client) BeginRO(ctx context.Context, staleness time.Duration) (*ROTx, e
 	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap)}
 	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN.Load())
 	if len(t.cands) == 0 {
-		c.stats.Fallbacks.Add(1)
-		c.m.fallbacks.Inc()
-		if err := t.begin(ctx, ""); err != nil {
+		// No pin fits: a snapshot taken now, placed by the pincushion.
+		if err := t.takeNow(ctx); err != nil {
 			t.release()
 			return nil, err
 		}
-		t.fallback = true
 	}
 	return t, nil
+}
+
+// takeNow opens the transaction at a fresh snapshot and asks the
+// pincushion for its exact timestamp; when it cannot be placed the
+// transaction runs uncached on it (a fallback, counted).
+func (t *ROTx) takeNow(ctx context.Context) error {
+	if err := t.begin(ctx, ""); err != nil {
+		return err
+	}
+	var xmin, xmax int64
+	var xip []int64
+	var lsnText string
+	err := t.tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint,
+  ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x ORDER BY 1), pg_current_wal_insert_lsn()::text
+FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
+	if err != nil {
+		return fmt.Errorf("larder: read the snapshot: %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(lsnText)
+	if err != nil {
+		return err
+	}
+	req := invalidation.PinVerifyRequest{Xmin: uint64(xmin), Xmax: uint64(xmax), InsertLSN: uint64(lsn)}
+	for _, x := range xip {
+		req.Xip = append(req.Xip, uint64(x))
+	}
+	vctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	msg, err := t.c.nc.RequestWithContext(vctx, invalidation.PinVerifySubject(t.c.cfg.Prefix), invalidation.EncodePinVerifyRequest(req))
+	var reply invalidation.PinVerifyReply
+	if err == nil {
+		reply, err = invalidation.DecodePinVerifyReply(msg.Data)
+	}
+	if err != nil || !reply.OK {
+		t.fallback = true
+		t.c.stats.Fallbacks.Add(1)
+		t.c.m.fallbacks.Inc()
+		return nil
+	}
+	t.fixed, t.ts = true, reply.TS
+	t.cands = []invalidation.Pin{{LSN: reply.TS}}
+	t.c.stats.NowSnapshots.Add(1)
+	return nil
 }
 
 // begin opens the PostgreSQL transaction, at a snapshot when one is given.
