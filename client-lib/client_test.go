@@ -45,6 +45,45 @@ var stackSeq atomic.Int64
 type stack struct {
 	url, prefix, quma, node string
 	conn                    *pgx.Conn
+	invOpts                 service.Options
+	stopInvalidator         func()
+	stopNode                func()
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func (s *stack) startInvalidator(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- service.Run(ctx, s.invOpts, quiet) }()
+	s.stopInvalidator = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("invalidator: %v", err)
+		}
+	}
+}
+
+// startNode runs the cache-node on addr ("127.0.0.1:0" picks a port).
+func (s *stack) startNode(t *testing.T, addr string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon.Run(ctx, daemon.Options{Listen: addr, NATS: env.NATS.URL(), Prefix: s.prefix, Store: "memory", Memory: 64 << 20}, quiet, ready)
+	}()
+	select {
+	case s.node = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("cache-node: %v", err)
+	}
+	s.stopNode = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("cache-node: %v", err)
+		}
+	}
 }
 
 func startStack(t *testing.T) *stack {
@@ -94,26 +133,16 @@ func startStackWith(t *testing.T, ddl, seed string, templates ...string) *stack 
 	}
 	f.Close()
 
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	o := service.Defaults()
+	s.invOpts = service.Defaults()
+	o := &s.invOpts
 	o.PG, o.NATS, o.Prefix, o.Slot, o.Publication, o.Metrics = s.url, env.NATS.URL(), s.prefix, s.prefix, s.prefix, ""
 	o.Heartbeat, o.PinInterval, o.MaxStaleness = 20*time.Millisecond, 100*time.Millisecond, 10*time.Second
-	invDone := make(chan error, 1)
-	go func() { invDone <- service.Run(ctx, o, quiet) }()
-	ready := make(chan string, 1)
-	nodeDone := make(chan error, 1)
-	go func() {
-		nodeDone <- daemon.Run(ctx, daemon.Options{Listen: "127.0.0.1:0", NATS: env.NATS.URL(), Prefix: s.prefix, Store: "memory", Memory: 64 << 20}, quiet, ready)
-	}()
-	select {
-	case s.node = <-ready:
-	case err := <-nodeDone:
-		t.Fatalf("cache-node: %v", err)
-	}
+	s.startInvalidator(t)
+	s.startNode(t, "127.0.0.1:0")
 	t.Cleanup(func() {
 		cancel()
-		<-invDone
-		<-nodeDone
+		s.stopInvalidator()
+		s.stopNode()
 	})
 	return s
 }
@@ -204,7 +233,12 @@ func TestSnapshotConsistencyUnderConcurrentTransfers(t *testing.T) {
 				t.Fatalf("a client that ignores validity intervals passed %d transactions: the checker cannot fail", reads)
 			}
 			if !broken && len(violations) > 0 {
-				t.Fatalf("%d violations in %d read-only transactions; first: %v", len(violations), reads, violations[0])
+				for i, v := range violations {
+					if i < 5 {
+						t.Log(v)
+					}
+				}
+				t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
 			}
 			t.Logf("%d violations reported", len(violations))
 		})
@@ -254,6 +288,28 @@ func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 			}
 		}(int64(w))
 	}
+	// Faults: the cache-node restarts (losing everything) and the
+	// invalidator restarts (dropping every pin) while the test runs.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		t.Logf("fault: cache-node restarts at WAL %s", walNow(t, s))
+		s.stopNode()
+		s.startNode(t, s.node)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		t.Logf("fault: invalidator restarts at WAL %s", walNow(t, s))
+		s.stopInvalidator()
+		s.startInvalidator(t)
+	}()
 	var reads, retries atomic.Int64
 	var txMu sync.Mutex
 	var txs []history.ReadTx
@@ -274,6 +330,7 @@ func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 					return
 				}
 				rt := history.ReadTx{Begin: begin, Staleness: staleness, Reads: map[int]history.Row{}}
+				var order0 []int
 				// All accounts or a random subset, in random order.
 				order := r.Perm(accounts)
 				if r.Intn(2) == 0 {
@@ -286,7 +343,10 @@ func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 						break
 					}
 					rt.Reads[i+1] = row
+					order0 = append(order0, i+1)
 				}
+				rt.Note = fmt.Sprintf("rows %v: %v", order0, tx.trace)
+				rt.Unplaced = !tx.Placed()
 				_ = tx.Commit(context.Background())
 				if rerr == ErrRetry {
 					retries.Add(1)
@@ -347,4 +407,17 @@ func TestDeadNodeDegradesToDatabase(t *testing.T) {
 	if c.Stats().NodeErrors.Load() == 0 || c.Stats().Misses.Load() != 5 {
 		t.Fatalf("node errors %d, misses %d", c.Stats().NodeErrors.Load(), c.Stats().Misses.Load())
 	}
+}
+
+func walNow(t *testing.T, s *stack) string {
+	conn, err := pgx.Connect(context.Background(), s.url)
+	if err != nil {
+		return err.Error()
+	}
+	defer conn.Close(context.Background())
+	var lsn string
+	if err := conn.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		return err.Error()
+	}
+	return lsn
 }

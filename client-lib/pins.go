@@ -78,4 +78,16 @@ func (p *pinTracker) candidates(since time.Time, minLSN uint64) []invalidation.P
 	return out
 }
 
+// remove forgets a pin PostgreSQL no longer knows (released early).
+func (p *pinTracker) remove(lsn uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, pin := range p.pins {
+		if pin.LSN == lsn {
+			p.pins = append(p.pins[:i], p.pins[i+1:]...)
+			return
+		}
+	}
+}
+
 func (p *pinTracker) close() { _ = p.sub.Unsubscribe() }

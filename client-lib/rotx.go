@@ -41,6 +41,8 @@ type ROTx struct {
 	fallback bool
 	m        *pgxTypeMap
 	done     bool
+	now      bool
+	trace    []string // where each result came from, for diagnostics
 }
 
 // BeginRO starts a read-only transaction with a staleness limit (0: the
@@ -53,20 +55,38 @@ func (c *Client) BeginRO(ctx context.Context, staleness time.Duration) (*ROTx, e
 	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN.Load())
 	if len(t.cands) == 0 {
 		// No pin fits: a snapshot taken now, placed by the pincushion.
-		if err := t.takeNow(ctx); err != nil {
-			t.release()
-			return nil, err
+		// PostgreSQL's own order of concurrent commits can make a snapshot
+		// impossible to place (about one in seven under load): try again a
+		// few times before running uncached on it.
+		for attempt := 0; ; attempt++ {
+			placed, err := t.takeNow(ctx, attempt == maxNowAttempts-1)
+			if err != nil {
+				t.release()
+				return nil, err
+			}
+			if placed || t.fallback {
+				break
+			}
 		}
 	}
 	return t, nil
 }
 
+// maxNowAttempts bounds the fresh snapshots a transaction tries.
+const maxNowAttempts = 3
+
+// Placed reports whether the transaction reads at an exact commit-LSN
+// timestamp; false for a fallback, which reads one PostgreSQL snapshot
+// uncached.
+func (t *ROTx) Placed() bool { return !t.fallback }
+
 // takeNow opens the transaction at a fresh snapshot and asks the
-// pincushion for its exact timestamp; when it cannot be placed the
-// transaction runs uncached on it (a fallback, counted).
-func (t *ROTx) takeNow(ctx context.Context) error {
+// pincushion for its exact timestamp. When it cannot be placed it is
+// closed again, unless last: then the transaction runs uncached on it (a
+// fallback, counted).
+func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
 	if err := t.begin(ctx, ""); err != nil {
-		return err
+		return false, err
 	}
 	var xmin, xmax int64
 	var xip []int64
@@ -75,11 +95,11 @@ func (t *ROTx) takeNow(ctx context.Context) error {
   ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x ORDER BY 1), pg_current_wal_insert_lsn()::text
 FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
 	if err != nil {
-		return fmt.Errorf("larder: read the snapshot: %w", err)
+		return false, fmt.Errorf("larder: read the snapshot: %w", err)
 	}
 	lsn, err := pglogrepl.ParseLSN(lsnText)
 	if err != nil {
-		return err
+		return false, err
 	}
 	req := invalidation.PinVerifyRequest{Xmin: uint64(xmin), Xmax: uint64(xmax), InsertLSN: uint64(lsn)}
 	for _, x := range xip {
@@ -93,15 +113,21 @@ FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
 		reply, err = invalidation.DecodePinVerifyReply(msg.Data)
 	}
 	if err != nil || !reply.OK {
+		if !last {
+			_ = t.tx.Rollback(ctx)
+			t.conn.Release()
+			t.tx, t.conn = nil, nil
+			return false, nil
+		}
 		t.fallback = true
 		t.c.stats.Fallbacks.Add(1)
 		t.c.m.fallbacks.Inc()
-		return nil
+		return false, nil
 	}
-	t.fixed, t.ts = true, reply.TS
+	t.fixed, t.ts, t.now = true, reply.TS, true
 	t.cands = []invalidation.Pin{{LSN: reply.TS}}
 	t.c.stats.NowSnapshots.Add(1)
-	return nil
+	return true, nil
 }
 
 // begin opens the PostgreSQL transaction, at a snapshot when one is given.
@@ -142,7 +168,9 @@ func (t *ROTx) fix(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return err
 		}
-		// The pin was released since (expired or thinned): the next one.
+		// The pin was released since (expired, thinned, or the
+		// pincushion restarted): forget it and try the next one.
+		t.c.pins.remove(pin.LSN)
 		t.cands = t.cands[:len(t.cands)-1]
 	}
 	return ErrRetry
@@ -216,6 +244,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if t.c.l1 != nil {
 		if r, err := t.c.l1.Lookup(ctx, key, tmin, tmax, store.Open); err == nil && r.Miss == store.Hit && t.narrow(r.Lo, r.Hi) {
 			if res, err := decodeResult(r.Value); err == nil {
+				t.trace = append(t.trace, fmt.Sprintf("l1[%X,%X)", r.Lo, r.Hi))
 				t.c.stats.L1Hits.Add(1)
 				t.c.m.reads.WithLabelValues("l1").Inc()
 				return res, nil
@@ -230,6 +259,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 			t.c.m.nodeErrors.Inc()
 		} else if r.Miss == store.Hit && t.narrow(r.Lo, r.Hi) {
 			if res, err := decodeResult(r.Value); err == nil {
+				t.trace = append(t.trace, fmt.Sprintf("node[%X,%X)@%X", r.Lo, r.Hi, r.Snapshot))
 				t.c.stats.NodeHits.Add(1)
 				t.c.m.reads.WithLabelValues("node").Inc()
 				if t.c.l1 != nil {
@@ -254,6 +284,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return nil, err
 	}
 	res := v.(*Result)
+	t.trace = append(t.trace, fmt.Sprintf("db@%X(now=%v,shared=%v)", t.ts, t.now, shared))
 	if shared {
 		t.c.m.collapsed.Inc()
 	}

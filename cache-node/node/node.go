@@ -354,12 +354,18 @@ func (n *Node) Put(ctx context.Context, req PutRequest) error {
 	return nil
 }
 
-// intervalLocked intersects what every group proves.
+// intervalLocked intersects what every group proves. Histories are
+// complete only up to the watermark: for a snapshot beyond it, an
+// invalidation at or before the snapshot may still be on its way, so the
+// version cannot be extended back before its snapshot.
 func (n *Node) intervalLocked(s uint64, gs []*group, deps []store.Dep) (lo, hi uint64) {
 	lo, hi = 0, store.Open
 	for i, g := range gs {
 		l, h := g.interval(s, deps[i])
 		lo, hi = max(lo, l), min(hi, h)
+	}
+	if s > n.watermark {
+		lo = s
 	}
 	return min(lo, s), hi
 }

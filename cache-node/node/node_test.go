@@ -286,6 +286,38 @@ func TestLowerBoundAndFlush(t *testing.T) {
 	}
 }
 
+// A put computed at a snapshot newer than the node's watermark: an
+// invalidation at or before that snapshot may not have arrived yet, so the
+// node must not extend the version back before its snapshot.
+func TestPutBeyondTheWatermark(t *testing.T) {
+	h := newHarness(t)
+	s0 := h.f.now()
+	h.put("follow", s0, itemDep(8, "qty"))
+	h.served("follow", s0)
+	l1 := h.f.commit(invalidation.Change{Tag: "public.items(id)=8", Columns: []string{"name"}})
+	h.waitWatermark(l1)
+	// A commit at l2 whose message is still on its way, and a result
+	// computed after it.
+	h.f.mu.Lock()
+	h.f.lsn += 10
+	l2 := h.f.lsn
+	h.f.mu.Unlock()
+	h.put("fresh", l2, itemDep(8, "name"))
+	h.f.mu.Lock()
+	b := invalidation.AppendTxn(nil, &invalidation.Txn{CommitLSN: l2, EndLSN: l2 + 1, XID: uint32(l2), CommitTime: time.Now(), Changes: []invalidation.Change{{Tag: "public.items(id)=8", Columns: []string{"name"}}}})
+	if _, err := h.f.js.Publish(context.Background(), invalidation.TagSubject(h.f.prefix, "public.items(id)=8"), b); err != nil {
+		t.Fatal(err)
+	}
+	h.f.mu.Unlock()
+	h.waitWatermark(l2)
+	if r := h.lookup("fresh", l1, l2-1); r.Miss == store.Hit {
+		t.Fatalf("served before the change it reflects: %+v (changed at %d)", r, l2)
+	}
+	if r := h.lookup("fresh", l2, l2); r.Miss != store.Hit {
+		t.Fatalf("not served at its snapshot: %+v", r)
+	}
+}
+
 func TestGapOnUndecodableMessage(t *testing.T) {
 	h := newHarness(t)
 	s := h.f.now()
