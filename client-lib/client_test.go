@@ -52,7 +52,7 @@ type stack struct {
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func (s *stack) startInvalidator(t *testing.T) {
+func (s *stack) startInvalidator(t testing.TB) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- service.Run(ctx, s.invOpts, quiet) }()
@@ -65,7 +65,7 @@ func (s *stack) startInvalidator(t *testing.T) {
 }
 
 // startNode runs the cache-node on addr ("127.0.0.1:0" picks a port).
-func (s *stack) startNode(t *testing.T, addr string) {
+func (s *stack) startNode(t testing.TB, addr string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
@@ -86,7 +86,7 @@ func (s *stack) startNode(t *testing.T, addr string) {
 	}
 }
 
-func startStack(t *testing.T) *stack {
+func startStack(t testing.TB) *stack {
 	t.Helper()
 	values := make([]string, accounts)
 	for i := range values {
@@ -98,7 +98,7 @@ func startStack(t *testing.T) *stack {
 
 // startStackWith starts a stack on a database made by ddl and seed, with
 // a QUMA file analyzed from ddl and the templates.
-func startStackWith(t *testing.T, ddl, seed string, templates ...string) *stack {
+func startStackWith(t testing.TB, ddl, seed string, templates ...string) *stack {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &stack{url: testenv.Database(t, env.PG), prefix: fmt.Sprintf("cl%d", stackSeq.Add(1))}
@@ -152,8 +152,18 @@ func (s *stack) client(t *testing.T, l1 int64) *Client {
 }
 
 func (s *stack) clientAs(t *testing.T, pgURL string, l1 int64) *Client {
+	return s.open(t, pgURL, []string{s.node}, l1)
+}
+
+func startStackB(b *testing.B) *stack { return startStack(b) }
+
+func (s *stack) clientB(b *testing.B, nodes []string, l1 int64) *Client {
+	return s.open(b, s.url, nodes, l1)
+}
+
+func (s *stack) open(t testing.TB, pgURL string, nodes []string, l1 int64) *Client {
 	t.Helper()
-	c, err := Open(context.Background(), Config{PostgresURL: pgURL, NATSURL: env.NATS.URL(), Prefix: s.prefix, Nodes: []string{s.node}, QUMA: s.quma, Staleness: 3 * time.Second, L1Bytes: l1})
+	c, err := Open(context.Background(), Config{PostgresURL: pgURL, NATSURL: env.NATS.URL(), Prefix: s.prefix, Nodes: nodes, QUMA: s.quma, Staleness: 3 * time.Second, L1Bytes: l1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,9 +31,9 @@ var skipNarrowForTest bool
 type ROTx struct {
 	c     *Client
 	cands []invalidation.Pin // usable pins, by LSN
-	// Once a query ran on PostgreSQL the transaction is fixed at a pin.
+	// Once a query ran on PostgreSQL the transaction is fixed at a pin,
+	// in a transaction open on conn.
 	conn  *pgxpool.Conn
-	tx    pgx.Tx
 	fixed bool
 	ts    uint64
 	// fallback: no pin was usable; the transaction runs on a fresh
@@ -91,7 +91,7 @@ func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
 	var xmin, xmax int64
 	var xip []int64
 	var lsnText string
-	err := t.tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint,
+	err := t.conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint,
   ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x ORDER BY 1), pg_current_wal_insert_lsn()::text
 FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
 	if err != nil {
@@ -114,9 +114,9 @@ FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
 	}
 	if err != nil || !reply.OK {
 		if !last {
-			_ = t.tx.Rollback(ctx)
+			_, _ = t.conn.Exec(ctx, "ROLLBACK")
 			t.conn.Release()
-			t.tx, t.conn = nil, nil
+			t.conn = nil
 			return false, nil
 		}
 		t.fallback = true
@@ -136,19 +136,23 @@ func (t *ROTx) begin(ctx context.Context, snapshot string) error {
 	if err != nil {
 		return fmt.Errorf("larder: %w", err)
 	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		conn.Release()
-		return fmt.Errorf("larder: %w", err)
-	}
+	// One round trip: BEGIN and SET TRANSACTION SNAPSHOT as one simple
+	// query (the snapshot id comes from the pin format, which allows only
+	// [0-9A-Za-z_-]).
+	sql := "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 	if snapshot != "" {
-		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+snapshot+"'"); err != nil {
-			_ = tx.Rollback(ctx)
+		if err := invalidation.PinValidSnapshotID(snapshot); err != nil {
 			conn.Release()
 			return err
 		}
+		sql += "; SET TRANSACTION SNAPSHOT '" + snapshot + "'"
 	}
-	t.conn, t.tx = conn, tx
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		_, _ = conn.Exec(ctx, "ROLLBACK")
+		conn.Release()
+		return err
+	}
+	t.conn = conn
 	return nil
 }
 
@@ -340,7 +344,7 @@ func (t *ROTx) atSnapshot(ctx context.Context, sql string, args []any) (*Result,
 }
 
 func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error) {
-	rows, err := t.tx.Query(ctx, sql, args...)
+	rows, err := t.conn.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -359,9 +363,10 @@ func (t *ROTx) end(ctx context.Context) error {
 	}
 	t.done = true
 	var err error
-	if t.tx != nil {
-		err = t.tx.Rollback(ctx) // read-only: nothing to keep
+	if t.conn != nil {
+		_, err = t.conn.Exec(ctx, "ROLLBACK") // read-only: nothing to keep
 		t.conn.Release()
+		t.conn = nil
 	}
 	t.release()
 	return err
