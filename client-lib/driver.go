@@ -156,8 +156,9 @@ func WithStaleness(ctx context.Context, d time.Duration) context.Context {
 // through the cache.
 type conn struct {
 	*stdlib.Conn
-	c  *Client
-	ro *ROTx
+	c    *Client
+	ro   *ROTx
+	inRW bool // a read/write transaction is open
 }
 
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -166,6 +167,7 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		if err != nil {
 			return nil, err
 		}
+		c.inRW = true
 		return &rwTx{Tx: tx, c: c}, nil
 	}
 	if c.ro != nil {
@@ -199,7 +201,28 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if c.ro != nil {
 		return nil, errors.New("larder: a read-only transaction cannot execute statements that write")
 	}
-	return c.Conn.ExecContext(ctx, query, args)
+	res, err := c.Conn.ExecContext(ctx, query, args)
+	if err == nil && !c.inRW {
+		// An autocommitted statement: later read-only transactions see it.
+		if err := c.noteWritten(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return res, err
+}
+
+// noteWritten records the WAL position after a commit (read your writes).
+func (c *conn) noteWritten(ctx context.Context) error {
+	var s string
+	if err := c.Conn.Conn().QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&s); err != nil {
+		return fmt.Errorf("larder: committed, but reading the WAL position failed: %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		return err
+	}
+	c.c.sawCommit(uint64(lsn))
+	return nil
 }
 
 func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
@@ -230,19 +253,16 @@ type rwTx struct {
 }
 
 func (t *rwTx) Commit() error {
+	t.c.inRW = false
 	if err := t.Tx.Commit(); err != nil {
 		return err
 	}
-	var s string
-	if err := t.c.Conn.Conn().QueryRow(context.Background(), "SELECT pg_current_wal_insert_lsn()::text").Scan(&s); err != nil {
-		return fmt.Errorf("larder: committed, but reading the WAL position failed: %w", err)
-	}
-	lsn, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		return err
-	}
-	t.c.c.sawCommit(uint64(lsn))
-	return nil
+	return t.c.noteWritten(context.Background())
+}
+
+func (t *rwTx) Rollback() error {
+	t.c.inRW = false
+	return t.Tx.Rollback()
 }
 
 // driverRows adapts Rows to database/sql.

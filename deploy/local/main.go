@@ -71,6 +71,7 @@ func run(verb string, cfg Config) error {
 		fmt.Printf("Pincushion: %d exact pinned snapshot(s); newest %s at LSN %s\n", len(r.Pins), newest.SnapshotID, pglogrepl.LSN(newest.LSN))
 		fmt.Printf("Cache-node: count(*) = %s computed at that pin, put and served; after an INSERT it is valid on [%s, %s) and a newer read misses (%s)\n",
 			r.CachedCount, pglogrepl.LSN(r.CachedLo), pglogrepl.LSN(r.CachedHi), r.NewerMiss)
+		fmt.Printf("database/sql, driver \"larder\", LARDER_DSN: count(*) = %d (a snapshot within the staleness limit); after an INSERT through it, %d (read your writes)\n", r.DriverCounts[0], r.DriverCounts[1])
 	} else {
 		fmt.Println("Ctrl-C or SIGTERM stops it.")
 		<-ctx.Done()

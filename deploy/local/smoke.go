@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
@@ -13,8 +14,12 @@ import (
 
 	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/cache-node/store"
+	larder "github.com/larderdb/larder/client-lib"
 	"github.com/larderdb/larder/internal/invalidation"
 )
+
+// demoTableDDL is the demo's table.
+const demoTableDDL = "CREATE TABLE IF NOT EXISTS larder_demo (id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
 
 // SmokeReport is what a smoke check of the stack saw.
 type SmokeReport struct {
@@ -36,6 +41,11 @@ type SmokeReport struct {
 	CachedLo, CachedHi uint64 // the served interval after the insert
 	EndedBy            uint64 // the insert's commit LSN (at most; WAL position after it)
 	NewerMiss          string // the miss class of a lookup after the insert
+
+	// database/sql through the larder driver: count(*) in a read-only
+	// transaction, then again after an INSERT through the driver (read your
+	// writes: the second count includes it).
+	DriverCounts [2]int64
 }
 
 // Smoke exercises each server for real: a write and read in PostgreSQL, an
@@ -73,7 +83,7 @@ func (s *Stack) Smoke(ctx context.Context) (SmokeReport, error) {
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('wal_level')").Scan(&r.PostgresVersion, &r.WALLevel); err != nil {
 		return r, fmt.Errorf("smoke: PostgreSQL: %w", err)
 	}
-	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS larder_demo (id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"); err != nil {
+	if _, err := conn.Exec(ctx, demoTableDDL); err != nil {
 		return r, fmt.Errorf("smoke: PostgreSQL: %w", err)
 	}
 	if err := conn.QueryRow(ctx, "WITH ins AS (INSERT INTO larder_demo DEFAULT VALUES RETURNING 1) SELECT (SELECT count(*) FROM larder_demo) + (SELECT count(*) FROM ins)").Scan(&r.DemoRows); err != nil {
@@ -113,6 +123,9 @@ func (s *Stack) Smoke(ctx context.Context) (SmokeReport, error) {
 	}
 
 	if err := s.cacheRoundTrip(ctx, conn, &r); err != nil {
+		return r, err
+	}
+	if err := s.driverRoundTrip(ctx, &r); err != nil {
 		return r, err
 	}
 
@@ -210,5 +223,32 @@ func (s *Stack) cacheRoundTrip(ctx context.Context, conn *pgx.Conn, r *SmokeRepo
 		return fmt.Errorf("smoke: the cached count was served after the insert: %+v %v", res, err)
 	}
 	r.NewerMiss = res.Miss.String()
+	return nil
+}
+
+// driverRoundTrip reads through client-lib's database/sql driver with the
+// stack's DSN, as an application would.
+func (s *Stack) driverRoundTrip(ctx context.Context, r *SmokeReport) error {
+	db, err := sql.Open(larder.DriverName, s.DSN())
+	if err != nil {
+		return fmt.Errorf("smoke: larder driver: %w", err)
+	}
+	defer db.Close()
+	for i := range r.DriverCounts {
+		if i == 1 {
+			if _, err := db.ExecContext(ctx, "INSERT INTO larder_demo DEFAULT VALUES"); err != nil {
+				return fmt.Errorf("smoke: larder driver: %w", err)
+			}
+		}
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			return fmt.Errorf("smoke: larder driver: %w", err)
+		}
+		err = tx.QueryRowContext(ctx, "SELECT count(*) FROM larder_demo").Scan(&r.DriverCounts[i])
+		_ = tx.Commit()
+		if err != nil {
+			return fmt.Errorf("smoke: larder driver: %w", err)
+		}
+	}
 	return nil
 }

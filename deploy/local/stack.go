@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -14,9 +15,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/larderdb/larder/cache-node/daemon"
 	"github.com/larderdb/larder/internal/servers"
 	"github.com/larderdb/larder/invalidator/service"
+	"github.com/larderdb/larder/qumaana/quma"
 )
 
 // Config configures the local stack.
@@ -129,6 +133,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: cache-node: %w", err)
 	}
+	if err := s.writeQUMA(ctx); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("local: QUMA file: %w", err)
+	}
 	if err := os.WriteFile(s.EnvFile(), []byte(s.envText()), 0o644); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: %w", err)
@@ -195,6 +203,48 @@ func (s *Stack) startCacheNode(cfg Config) error {
 	}
 }
 
+// writeQUMA analyzes the database's schema from its catalogs (no workload
+// yet: every query is table-tagged) into the QUMA file client-lib loads.
+func (s *Stack) writeQUMA(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, s.PG.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, demoTableDDL); err != nil {
+		return err
+	}
+	schema, err := quma.LoadCatalog(ctx, conn)
+	if err != nil {
+		return err
+	}
+	sol, err := quma.AnalyzeWorkload(schema, nil)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(s.QUMAFile())
+	if err != nil {
+		return err
+	}
+	if err := sol.WriteJSON(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// QUMAFile is the stack's QUMA file.
+func (s *Stack) QUMAFile() string { return filepath.Join(s.dir, "quma.json") }
+
+// DSN is a ready database/sql DSN for the larder driver.
+func (s *Stack) DSN() string {
+	q := url.Values{}
+	q.Set("larder.nats", s.NATS.URL())
+	q.Set("larder.nodes", s.nodeAddr)
+	q.Set("larder.quma", s.QUMAFile())
+	return s.PG.URL("postgres") + "&" + q.Encode()
+}
+
 // CacheNodeAddr is where the cache-node serves its protocol.
 func (s *Stack) CacheNodeAddr() string { return s.nodeAddr }
 
@@ -215,6 +265,7 @@ func (s *Stack) URLs() map[string]string {
 	}
 	if s.nodeAddr != "" {
 		m["LARDER_CACHE_NODE"] = s.nodeAddr
+		m["LARDER_DSN"] = s.DSN()
 	}
 	if u := s.InvalidatorMetricsURL(); u != "" {
 		m["LARDER_INVALIDATOR_METRICS"] = u

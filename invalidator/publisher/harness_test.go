@@ -58,7 +58,7 @@ func newHarness(t *testing.T, ddl string) *harness {
 			t.Fatal(err)
 		}
 	}
-	if h.nc, err = nats.Connect(env.NATS.URL()); err != nil {
+	if h.nc, err = nats.Connect(env.NATS.URL(), nats.ReconnectBufSize(-1)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.nc.Close)

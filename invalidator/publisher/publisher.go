@@ -19,6 +19,16 @@ import (
 	"github.com/larderdb/larder/internal/invalidation"
 )
 
+// ackTimeout bounds the wait for JetStream's acknowledgements: past it the
+// session fails and resumes from the slot.
+const ackTimeout = 10 * time.Second
+
+// maxPending bounds the messages awaiting acknowledgement: past it (a
+// catch-up backlog has no heartbeats in it) the publisher waits for them,
+// publishes a heartbeat at the transaction just published and confirms it
+// to the slot.
+const maxPending = 4096
+
 // HeartbeatPrefix is the prefix of the logical decoding messages the
 // publisher writes into the WAL as heartbeats.
 const HeartbeatPrefix = "larder.heartbeat"
@@ -48,7 +58,7 @@ type Config struct {
 	// FixReplicaIdentity runs the ALTER TABLE … REPLICA IDENTITY FULL the
 	// start-up check asks for instead of refusing to start.
 	FixReplicaIdentity bool
-	NATS               *nats.Conn
+	NATS               *nats.Conn    // made with nats.ReconnectBufSize(-1)
 	SubjectPrefix      string        // default "larder"
 	Heartbeat          time.Duration // default 75ms
 	StreamMaxAge       time.Duration // default 1h
@@ -67,6 +77,11 @@ func (c *Config) setDefaults() error {
 	}
 	if c.NATS == nil {
 		return errors.New("publisher: no NATS connection")
+	}
+	if c.NATS.Opts.ReconnectBufSize != -1 {
+		// nats.go would buffer publishes made while reconnecting and send
+		// them after messages republished from the slot: out of order.
+		return errors.New("publisher: the NATS connection must be made with nats.ReconnectBufSize(-1)")
 	}
 	if c.Slot == "" {
 		c.Slot = "larder_invalidator"
@@ -160,7 +175,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		chooseSets(p.tables, cfg.TagColumns)
 	}
 
-	if p.js, err = jetstream.New(cfg.NATS, jetstream.WithPublishAsyncMaxPending(8192)); err != nil {
+	if p.js, err = jetstream.New(cfg.NATS, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(ackTimeout)); err != nil {
 		return fmt.Errorf("publisher: jetstream: %w", err)
 	}
 	if err := p.ensureStream(ctx); err != nil {
@@ -188,7 +203,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("publisher: start replication from %s: %w", start, err)
 	}
+	// A new session: nothing of the last one carries over.
 	p.confirmed = start
+	clear(p.pending)
+	p.pending = p.pending[:0]
+	p.inTxn, p.hbTxn = false, false
+	p.cs.reset()
+	p.schema = p.schema[:0]
+	p.lastSent = time.Time{}
 	p.relations = map[uint32]*relation{}
 	p.checked = map[uint32]bool{}
 	cfg.Log.Info("replicating", "slot", cfg.Slot, "publication", cfg.Publication, "from", start.String(), "tables", len(p.tables))
@@ -527,6 +549,13 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 		p.m.messages.Inc()
 	}
 	p.m.tags.Add(float64(len(changes)))
+	if len(p.pending) >= maxPending {
+		// Every commit up to this one is published: a heartbeat here keeps
+		// memory bounded and the slot moving during a catch-up.
+		if err := p.heartbeat(ctx, uint64(m.CommitLSN), m.TransactionEndLSN); err != nil {
+			return err
+		}
+	}
 	p.m.lagSeconds.Set(time.Since(m.CommitTime).Seconds())
 	p.m.publishLatency.Observe(max(time.Since(m.CommitTime).Seconds(), 0))
 	return nil
@@ -558,7 +587,7 @@ func (p *Publisher) heartbeat(ctx context.Context, through uint64, lsn pglogrepl
 	}
 	p.buf = invalidation.AppendHeartbeat(p.buf[:0], invalidation.Heartbeat{LSN: through, Time: time.Now()})
 	msg := &nats.Msg{Subject: invalidation.HeartbeatSubject(p.cfg.SubjectPrefix), Data: append([]byte(nil), p.buf...)}
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	actx, cancel := context.WithTimeout(ctx, ackTimeout)
 	defer cancel()
 	if _, err := p.js.PublishMsg(actx, msg, jetstream.WithMsgID(invalidation.HeartbeatMsgID(through))); err != nil {
 		return fmt.Errorf("publisher: publish heartbeat: %w", err)
@@ -585,7 +614,13 @@ func (p *Publisher) awaitAcks(ctx context.Context) error {
 	if len(p.pending) == 0 {
 		return nil
 	}
-	timeout := time.NewTimer(30 * time.Second)
+	defer func() {
+		// Whatever happened, these futures are spent: a failed session
+		// resumes from the slot and publishes them again.
+		clear(p.pending)
+		p.pending = p.pending[:0]
+	}()
+	timeout := time.NewTimer(ackTimeout)
 	defer timeout.Stop()
 	for _, f := range p.pending {
 		select {
@@ -598,7 +633,5 @@ func (p *Publisher) awaitAcks(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	clear(p.pending)
-	p.pending = p.pending[:0]
 	return nil
 }

@@ -113,7 +113,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		log.Info("metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
 	}
 
-	nc, err := nats.Connect(o.NATS, nats.Name("larder-invalidator"), nats.MaxReconnects(-1),
+	nc, err := nats.Connect(o.NATS, nats.Name("larder-invalidator"), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
 		nats.ReconnectHandler(func(*nats.Conn) { log.Info("NATS reconnected") }))
 	if err != nil {
