@@ -8,7 +8,7 @@ STATICCHECK := $(GOBIN)/staticcheck
 # One go test over every package keeps the build cache warm; 2 packages at a time fits 2 cores.
 GOTEST_FLAGS ?= -count=1 -timeout 25m -p 2
 
-.PHONY: all deps test lint fmt-check vet staticcheck gotest demo up clean
+.PHONY: all deps test lint fmt-check vet staticcheck gotest demo up clean history
 
 all: test
 
@@ -32,6 +32,13 @@ staticcheck:
 
 gotest:
 	$(GO) test $(GOTEST_FLAGS) ./...
+
+# A longer run of the history checker (client-lib): writers on PostgreSQL,
+# read-only transactions through Larder, the cache-node and the invalidator
+# restarted mid-run; every transaction checked. HISTORY_SECONDS per case.
+HISTORY_SECONDS ?= 60
+history: deps
+	LARDER_HISTORY_SECONDS=$(HISTORY_SECONDS) $(GO) test -count=1 -timeout 30m -run 'TestSnapshotConsistency' -v ./client-lib
 
 # The main job. Until the cache exists it brings the local stack up, exercises
 # every server, prints what it saw and stops it cleanly.

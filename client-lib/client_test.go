@@ -8,6 +8,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -262,7 +263,15 @@ func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	run := 3 * time.Second
+	if v := os.Getenv("LARDER_HISTORY_SECONDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			t.Fatalf("LARDER_HISTORY_SECONDS=%q: want seconds", v)
+		}
+		run = time.Duration(n) * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), run)
 	defer cancel()
 	var wg sync.WaitGroup
 	var transfers atomic.Int64
