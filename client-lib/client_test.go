@@ -41,10 +41,14 @@ const readBalanceVer = "SELECT balance, ver FROM accounts WHERE id = $1"
 
 var stackSeq atomic.Int64
 
+// natsOverride, when set, is the NATS server the next stack uses.
+var natsOverride string
+
 // stack is PostgreSQL, the invalidator with its pincushion and a
 // cache-node, all real, and a QUMA file for the accounts schema.
 type stack struct {
 	url, prefix, quma, node string
+	nats                    string // NATS URL
 	conn                    *pgx.Conn
 	invOpts                 service.Options
 	stopInvalidator         func()
@@ -71,7 +75,7 @@ func (s *stack) startNode(t testing.TB, addr string) {
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- daemon.Run(ctx, daemon.Options{Listen: addr, NATS: env.NATS.URL(), Prefix: s.prefix, Store: "memory", Memory: 64 << 20}, quiet, ready)
+		done <- daemon.Run(ctx, daemon.Options{Listen: addr, NATS: s.nats, Prefix: s.prefix, Store: "memory", Memory: 64 << 20}, quiet, ready)
 	}()
 	select {
 	case s.node = <-ready:
@@ -102,7 +106,10 @@ func startStack(t testing.TB) *stack {
 func startStackWith(t testing.TB, ddl, seed string, templates ...string) *stack {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &stack{url: testenv.Database(t, env.PG), prefix: fmt.Sprintf("cl%d", stackSeq.Add(1))}
+	s := &stack{url: testenv.Database(t, env.PG), prefix: fmt.Sprintf("cl%d", stackSeq.Add(1)), nats: env.NATS.URL()}
+	if natsOverride != "" {
+		s.nats = natsOverride
+	}
 	var err error
 	if s.conn, err = pgx.Connect(ctx, s.url); err != nil {
 		t.Fatal(err)
@@ -136,7 +143,7 @@ func startStackWith(t testing.TB, ddl, seed string, templates ...string) *stack 
 
 	s.invOpts = service.Defaults()
 	o := &s.invOpts
-	o.PG, o.NATS, o.Prefix, o.Slot, o.Publication, o.Metrics = s.url, env.NATS.URL(), s.prefix, s.prefix, s.prefix, ""
+	o.PG, o.NATS, o.Prefix, o.Slot, o.Publication, o.Metrics = s.url, s.nats, s.prefix, s.prefix, s.prefix, ""
 	o.Heartbeat, o.PinInterval, o.MaxStaleness = 20*time.Millisecond, 100*time.Millisecond, 10*time.Second
 	s.startInvalidator(t)
 	s.startNode(t, "127.0.0.1:0")
@@ -164,7 +171,7 @@ func (s *stack) clientB(b *testing.B, nodes []string, l1 int64) *Client {
 
 func (s *stack) open(t testing.TB, pgURL string, nodes []string, l1 int64) *Client {
 	t.Helper()
-	c, err := Open(context.Background(), Config{PostgresURL: pgURL, NATSURL: env.NATS.URL(), Prefix: s.prefix, Nodes: nodes, QUMA: s.quma, Staleness: 3 * time.Second, L1Bytes: l1})
+	c, err := Open(context.Background(), Config{PostgresURL: pgURL, NATSURL: s.nats, Prefix: s.prefix, Nodes: nodes, QUMA: s.quma, Staleness: 3 * time.Second, L1Bytes: l1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -439,4 +446,54 @@ func walNow(t *testing.T, s *stack) string {
 		return err.Error()
 	}
 	return lsn
+}
+
+// NATS going away costs the cache, never correctness or an error: pins
+// stop, fresh snapshots cannot be placed, transactions fall back to
+// PostgreSQL snapshots.
+func TestNATSGoneDegradesToDatabase(t *testing.T) {
+	n := testenv.NATS(t)
+	natsOverride = n.URL()
+	s := startStack(t)
+	natsOverride = ""
+	c := s.client(t, 0)
+	ctx := context.Background()
+	read := func(id int) int {
+		t.Helper()
+		tx, err := c.BeginRO(ctx, time.Millisecond) // no pin is this fresh
+		if err != nil {
+			t.Fatalf("begin: %v", err)
+		}
+		defer tx.Commit(ctx)
+		var b int
+		if err := tx.QueryRow(ctx, readBalance, []any{id}, &b); err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		return b
+	}
+	if b := read(1); b != 100 {
+		t.Fatalf("balance %d", b)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before := c.Stats().Fallbacks.Load()
+	rw, err := c.BeginRW(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rw.Exec(ctx, "UPDATE accounts SET balance = balance + 1 WHERE id = 2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if b := read(2); b != 101 {
+			t.Fatalf("with NATS gone, balance %d, want 101", b)
+		}
+	}
+	if c.Stats().Fallbacks.Load() == before {
+		t.Fatal("no fallback counted with NATS gone")
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 
 	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/cache-node/store"
@@ -105,12 +106,18 @@ FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
 	for _, x := range xip {
 		req.Xip = append(req.Xip, uint64(x))
 	}
-	vctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	msg, err := t.c.nc.RequestWithContext(vctx, invalidation.PinVerifySubject(t.c.cfg.Prefix), invalidation.EncodePinVerifyRequest(req))
 	var reply invalidation.PinVerifyReply
-	if err == nil {
-		reply, err = invalidation.DecodePinVerifyReply(msg.Data)
+	err = errors.New("NATS is not connected")
+	if t.c.nc.IsConnected() {
+		vctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var msg *nats.Msg
+		if msg, err = t.c.nc.RequestWithContext(vctx, invalidation.PinVerifySubject(t.c.cfg.Prefix), invalidation.EncodePinVerifyRequest(req)); err == nil {
+			reply, err = invalidation.DecodePinVerifyReply(msg.Data)
+		}
+	}
+	if err != nil {
+		last = true // the pincushion cannot be asked: no point trying again
 	}
 	if err != nil || !reply.OK {
 		if !last {
