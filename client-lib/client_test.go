@@ -19,6 +19,7 @@ import (
 
 	"github.com/larderdb/larder/cache-node/daemon"
 	"github.com/larderdb/larder/internal/history"
+	"github.com/larderdb/larder/internal/servers"
 	"github.com/larderdb/larder/internal/testenv"
 	"github.com/larderdb/larder/invalidator/service"
 	"github.com/larderdb/larder/qumaana/quma"
@@ -264,7 +265,18 @@ func TestSnapshotConsistencyUnderConcurrentTransfers(t *testing.T) {
 }
 
 func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
+	// A NATS server of the test's own, so that it can restart.
+	natsCfg := servers.DefaultNATSConfig(filepath.Join(t.TempDir(), "nats"))
+	ns, err := servers.StartNATS(context.Background(), natsCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsCfg.Port = ns.Port()
+	var nsMu sync.Mutex
+	defer func() { nsMu.Lock(); _ = ns.Close(); nsMu.Unlock() }()
+	natsOverride = ns.URL()
 	s := startStack(t)
+	natsOverride = ""
 	c := s.client(t, l1)
 	rec, err := history.StartRecorder(context.Background(), s.url, "accounts")
 	if err != nil {
@@ -322,7 +334,7 @@ func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Second):
+		case <-time.After(run / 4):
 		}
 		t.Logf("fault: cache-node restarts at WAL %s", walNow(t, s))
 		s.stopNode()
@@ -330,11 +342,24 @@ func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Second):
+		case <-time.After(run / 4):
 		}
 		t.Logf("fault: invalidator restarts at WAL %s", walNow(t, s))
 		s.stopInvalidator()
 		s.startInvalidator(t)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(run / 4):
+		}
+		t.Logf("fault: NATS restarts at WAL %s", walNow(t, s))
+		nsMu.Lock()
+		_ = ns.Close()
+		ns, err = servers.StartNATS(context.Background(), natsCfg)
+		nsMu.Unlock()
+		if err != nil {
+			t.Errorf("restart NATS: %v", err)
+		}
 	}()
 	var reads, retries atomic.Int64
 	var txMu sync.Mutex

@@ -22,6 +22,7 @@ type metrics struct {
 	gaps          *prometheus.CounterVec
 	errors        *prometheus.CounterVec
 	groups        prometheus.Gauge
+	replays       *prometheus.CounterVec
 
 	mu        sync.Mutex
 	templates map[string]bool
@@ -37,6 +38,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 		gaps:          prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_stream_gaps_total", Help: "Possible gaps in the invalidation stream: open versions ended at the watermark."}, []string{"why"}),
 		errors:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_errors_total", Help: "Backend or JetStream errors by operation."}, []string{"op"}),
 		groups:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_node_subscriptions", Help: "NATS groups (tags and table flushes) the node follows."}),
+		replays:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_replays_total", Help: "JetStream replays after a reconnect, by outcome (started, done, failed)."}, []string{"result"}),
 		templates:     map[string]bool{},
 	}
 	for _, c := range []store.MissClass{store.Hit, store.MissCompulsory, store.MissStaleness, store.MissCapacity, store.MissConsistency} {
@@ -45,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.lookups, m.byTemplate, m.puts, m.invalidations, m.corrupt, m.gaps, m.errors, m.groups)
+	reg.MustRegister(m.lookups, m.byTemplate, m.puts, m.invalidations, m.corrupt, m.gaps, m.errors, m.groups, m.replays)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "larder_node_watermark_lsn", Help: "LSN up to which the node knows every invalidation of its groups."},
 		func() float64 { return float64(n.Watermark()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "larder_node_watermark_lag_seconds", Help: "Age of the last heartbeat (the invalidator's clock)."},

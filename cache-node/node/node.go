@@ -65,6 +65,8 @@ type Node struct {
 	toConfirm  []*group // subscribed, waiting for the marker
 	markerSent bool
 
+	replaying bool // a replay after a reconnect is running: the watermark waits for it
+
 	confirmCh chan []*group
 	released  chan []string
 	wmAtomic  atomic.Uint64
@@ -216,9 +218,13 @@ func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 	if d.Heartbeat != nil {
 		if r := n.cfg.NATS.Stats().Reconnects; r != n.reconnects {
 			n.reconnects = r
-			n.gapLocked(ctx, "NATS reconnected")
+			// Messages may have been lost while disconnected: replay them
+			// from JetStream, or else end open versions.
+			if !n.startReplayLocked(d.Heartbeat.LSN) {
+				n.gapLocked(ctx, "NATS reconnected")
+			}
 		}
-		if d.Heartbeat.LSN > n.watermark {
+		if d.Heartbeat.LSN > n.watermark && !n.replaying {
 			n.watermark = d.Heartbeat.LSN
 			n.wmAtomic.Store(n.watermark)
 			n.hbTime = d.Heartbeat.Time
@@ -242,12 +248,21 @@ func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 		}
 		return nil
 	}
-	g := n.bySubject[msg.Subject]
+	if err := n.applyLocked(ctx, msg.Subject, d.Txn); err != nil {
+		n.cfg.Log.Error("apply invalidation", "err", err)
+		n.gapLocked(ctx, "backend refused an invalidation")
+	}
+	return nil
+}
+
+// applyLocked applies a transaction's message on one group's subject.
+func (n *Node) applyLocked(ctx context.Context, subject string, txn *invalidation.Txn) error {
+	g := n.bySubject[subject]
 	if g == nil {
 		return nil // unsubscribed since
 	}
 	var mine []invalidation.Change
-	for _, c := range d.Txn.Changes {
+	for _, c := range txn.Changes {
 		if c.Flush == g.flush && (c.Tag == g.name || (g.flush && c.Tag == g.table)) {
 			mine = append(mine, c)
 		}
@@ -255,11 +270,9 @@ func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 	if len(mine) == 0 {
 		return nil // a hash collision: not ours
 	}
-	g.record(d.Txn.CommitLSN, mine, n.cfg.HistoryDepth)
-	if err := n.cfg.Backend.Invalidate(ctx, d.Txn.CommitLSN, mine); err != nil {
-		n.cfg.Log.Error("apply invalidation", "err", err)
-		n.gapLocked(ctx, "backend refused an invalidation")
-		return nil
+	g.record(txn.CommitLSN, mine, n.cfg.HistoryDepth)
+	if err := n.cfg.Backend.Invalidate(ctx, txn.CommitLSN, mine); err != nil {
+		return err
 	}
 	n.m.invalidations.Inc()
 	return nil
@@ -270,6 +283,12 @@ func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 // group is forgotten and unsubscribed; new puts subscribe and confirm
 // again.
 func (n *Node) gapLocked(ctx context.Context, why string) {
+	n.endOpenLocked(ctx, why)
+}
+
+// endOpenLocked ends every open version at the watermark + 1 and forgets
+// every group.
+func (n *Node) endOpenLocked(ctx context.Context, why string) {
 	n.m.gaps.WithLabelValues(why).Inc()
 	n.cfg.Log.Warn("gap in the invalidation stream: open versions end at the watermark", "why", why, "watermark", n.watermark)
 	if err := n.cfg.Backend.EndOpen(ctx, n.watermark+1); err != nil {
