@@ -70,7 +70,7 @@ func endToEnd(t *testing.T, storeURL string) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, `CREATE TABLE items (id int PRIMARY KEY, name text); ALTER TABLE items REPLICA IDENTITY FULL; INSERT INTO items VALUES (1, 'pen')`); err != nil {
+	if _, err := conn.Exec(ctx, `CREATE TABLE items (id int PRIMARY KEY, name text); ALTER TABLE items REPLICA IDENTITY FULL; INSERT INTO items VALUES (1, 'pen'), (2, 'cap')`); err != nil {
 		t.Fatal(err)
 	}
 	prefix := fmt.Sprintf("e2e%d", e2eSeq.Add(1))
@@ -141,6 +141,12 @@ func endToEnd(t *testing.T, storeURL string) {
 	if err := cl.Put(ctx, &protocol.PutRequest{Key: key, Snapshot: pin.LSN, Deps: []store.Dep{dep}, Value: []byte(name)}); err != nil {
 		t.Fatal(err)
 	}
+	// A second result, on another row, that the update below misses.
+	key2 := []byte("items-2-name")
+	dep2 := store.Dep{Tag: "public.items(id)=2", Table: "public.items", Reads: []string{"id", "name"}}
+	if err := cl.Put(ctx, &protocol.PutRequest{Key: key2, Snapshot: pin.LSN, Deps: []store.Dep{dep2}, Value: []byte("cap")}); err != nil {
+		t.Fatal(err)
+	}
 	r := protocol.LookupResponse{Miss: store.MissCompulsory}
 	for deadline := time.Now().Add(30 * time.Second); r.Miss != store.Hit; {
 		if time.Now().After(deadline) {
@@ -185,6 +191,19 @@ func endToEnd(t *testing.T, storeURL string) {
 	if storeURL != "memory" {
 		// The node stops; the row changes while it is away; a new node on
 		// the same Redis must not serve the version past what it saved.
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			r, err := cl.Lookup(ctx, &protocol.LookupRequest{Key: key2, TMin: pin.LSN, TMax: pin.LSN})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Miss == store.Hit {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the second put was never served: %+v", r)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 		stopNode()
 		wal := update("away")
 		cl, stopNode = startNode()
@@ -194,6 +213,11 @@ func endToEnd(t *testing.T, storeURL string) {
 		}
 		if r, err := cl.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: pin.LSN, TMax: pin.LSN}); err != nil || r.Miss != store.Hit || r.Open || r.Hi > uint64(wal) {
 			t.Fatalf("after a restart, at the pin: %+v %v", r, err)
+		}
+		// The restarted node replayed what it missed: the other row's
+		// result is still valid, and served past the update.
+		if r, err := cl.Lookup(ctx, &protocol.LookupRequest{Key: key2, TMin: uint64(wal), TMax: uint64(wal) + 1000}); err != nil || r.Miss != store.Hit || !r.Open {
+			t.Fatalf("after a restart, the result the update missed: %+v %v", r, err)
 		}
 		return
 	}

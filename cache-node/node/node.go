@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,7 +66,8 @@ type Node struct {
 	toConfirm  []*group // subscribed, waiting for the marker
 	markerSent bool
 
-	replaying bool // a replay after a reconnect is running: the watermark waits for it
+	replaying      bool // a replay is running: the watermark waits for it
+	restorePending bool // restored groups wait for the first heartbeat to replay
 
 	confirmCh chan []*group
 	released  chan []string
@@ -136,7 +138,7 @@ func (n *Node) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("node: saved watermark: %w", err)
 		}
-		if saved {
+		if saved && !n.restoreGroups(ctx, wm) {
 			// What was open when the node stopped is proved only up to there.
 			if err := n.cfg.Backend.EndOpen(ctx, wm+1); err != nil {
 				return fmt.Errorf("node: end open versions at the saved watermark: %w", err)
@@ -216,6 +218,14 @@ func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 		return nil
 	}
 	if d.Heartbeat != nil {
+		if n.restorePending {
+			// The first heartbeat after the restored subscriptions: replay
+			// everything since the saved watermark up to it.
+			n.restorePending = false
+			if !n.startReplayLocked(d.Heartbeat.LSN) {
+				n.gapLocked(ctx, "restart replay not possible")
+			}
+		}
 		if r := n.cfg.NATS.Stats().Reconnects; r != n.reconnects {
 			n.reconnects = r
 			// Messages may have been lost while disconnected: replay them
@@ -307,6 +317,50 @@ func (n *Node) endOpenLocked(ctx context.Context, why string) {
 	clear(n.bySubject)
 	n.toConfirm = n.toConfirm[:0]
 	n.m.groups.Set(0)
+}
+
+// restoreGroups, on a restart with a saved watermark, follows again the
+// groups of the open versions the backend kept, serving them up to the
+// saved watermark until the replay of what happened since completes. It
+// reports false when that cannot be done (the caller then ends them).
+func (n *Node) restoreGroups(ctx context.Context, wm uint64) bool {
+	lister, ok := n.cfg.Backend.(store.GroupLister)
+	if !ok {
+		return false
+	}
+	names, err := lister.OpenGroups(ctx)
+	if err != nil || len(names) == 0 || len(names) > maxReplayGroups {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, name := range names {
+		d := store.Dep{Tag: name, Table: name}
+		flush := false
+		if t, isTable := cutTableName(name); isTable {
+			d, flush = store.Dep{Tag: t, Table: t}, true
+		}
+		if _, err := n.groupLocked(d, flush); err != nil {
+			n.endOpenLocked(ctx, "restore failed")
+			return false
+		}
+	}
+	// Subscriptions first, heartbeats after (Run subscribes to them next):
+	// every heartbeat then arrives after the groups' subscriptions.
+	if err := n.cfg.NATS.FlushTimeout(10 * time.Second); err != nil {
+		n.endOpenLocked(ctx, "restore failed")
+		return false
+	}
+	n.watermark = wm
+	n.wmAtomic.Store(wm)
+	n.restorePending = true
+	n.cfg.Log.Info("restarted: following the open versions' groups again; replaying from the saved watermark", "groups", len(names), "watermark", wm)
+	return true
+}
+
+func cutTableName(name string) (string, bool) {
+	t, ok := strings.CutPrefix(name, "table:")
+	return t, ok && t != ""
 }
 
 // Lookup answers a lookup for timestamps in [tmin, tmax].

@@ -330,6 +330,25 @@ func (s *Store) EndOpen(ctx context.Context, hi uint64) error {
 	return nil
 }
 
+// OpenGroups implements store.GroupLister: the tags and tables whose index
+// sets exist (an index set holds open versions only; a dangling member
+// only makes a group followed for nothing).
+func (s *Store) OpenGroups(ctx context.Context) ([]string, error) {
+	var out []string
+	for _, kind := range []struct{ pattern, prefix, name string }{
+		{s.tagSet("*"), s.tagSet(""), ""}, {s.tableSet("*"), s.tableSet(""), "table:"},
+	} {
+		iter := s.rdb.Scan(ctx, 0, kind.pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			out = append(out, kind.name+strings.TrimPrefix(iter.Val(), kind.prefix))
+		}
+		if err := iter.Err(); err != nil {
+			return nil, fmt.Errorf("redisstore: list groups: %w", err)
+		}
+	}
+	return out, nil
+}
+
 // Holds implements store.Backend. It drops the dangling members it meets.
 func (s *Store) Holds(ctx context.Context, names []string) ([]bool, error) {
 	if len(names) == 0 {

@@ -142,3 +142,11 @@ type Persistent interface {
 	SaveWatermark(ctx context.Context, wm uint64) error
 	SavedWatermark(ctx context.Context) (wm uint64, ok bool, err error)
 }
+
+// GroupLister is implemented by persistent backends that can list the
+// groups their open versions depend on: tags by name and tables as
+// TableName(table). A restarted node subscribes to them and replays the
+// invalidations it missed instead of ending those versions.
+type GroupLister interface {
+	OpenGroups(ctx context.Context) ([]string, error)
+}
