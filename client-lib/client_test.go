@@ -2,6 +2,7 @@ package larder
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -520,5 +521,25 @@ func TestNATSGoneDegradesToDatabase(t *testing.T) {
 	}
 	if c.Stats().Fallbacks.Load() == before {
 		t.Fatal("no fallback counted with NATS gone")
+	}
+}
+
+// Errors are typed and wrap PostgreSQL's.
+func TestErrorsWrapPostgres(t *testing.T) {
+	s := startStack(t)
+	c := s.client(t, 0)
+	ctx := context.Background()
+	tx, err := c.BeginRO(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Commit(ctx)
+	_, err = tx.Query(ctx, "SELECT nosuchcolumn FROM accounts")
+	var le *Error
+	if !errors.As(err, &le) || le.Op != "query" {
+		t.Fatalf("want a *larder.Error, got %T %v", err, err)
+	}
+	if pe, ok := PgError(err); !ok || pe.Code != "42703" {
+		t.Fatalf("want PostgreSQL's undefined_column behind it, got %v", err)
 	}
 }

@@ -63,7 +63,7 @@ func (c *Client) BeginRO(ctx context.Context, staleness time.Duration) (*ROTx, e
 			placed, err := t.takeNow(ctx, attempt == maxNowAttempts-1)
 			if err != nil {
 				t.release()
-				return nil, err
+				return nil, wrap("begin", "", err)
 			}
 			if placed || t.fallback {
 				break
@@ -194,7 +194,7 @@ func (t *ROTx) Query(ctx context.Context, sql string, args ...any) (*Rows, error
 	}
 	res, err := t.query(ctx, sql, args)
 	if err != nil {
-		return nil, err
+		return nil, wrap("query", sql, err)
 	}
 	return newRows(res, t.m), nil
 }
@@ -365,6 +365,10 @@ func (t *ROTx) Commit(ctx context.Context) error { return t.end(ctx) }
 func (t *ROTx) Rollback(ctx context.Context) error { return t.end(ctx) }
 
 func (t *ROTx) end(ctx context.Context) error {
+	return wrap("commit", "", t.finish(ctx))
+}
+
+func (t *ROTx) finish(ctx context.Context) error {
 	if t.done {
 		return nil
 	}
