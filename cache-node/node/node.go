@@ -585,15 +585,7 @@ func streamFloor(ctx context.Context, s jetstream.Stream) (uint64, error) {
 	if info.State.Msgs == 0 {
 		return 0, errors.New("the invalidation stream is empty")
 	}
-	raw, err := s.GetMsg(ctx, info.State.FirstSeq)
-	if err != nil {
-		return 0, err
-	}
-	d, err := invalidation.Decode(raw.Data)
-	if err != nil {
-		return 0, err
-	}
-	return d.LSN(), nil
+	return lsnAt(ctx, s, info.State.FirstSeq)
 }
 
 func (n *Node) retryLater(batch []*group, err error) {
