@@ -1,0 +1,13 @@
+CREATE INDEX users_auth ON users (nickname, password);
+CREATE INDEX users_region ON users (region);
+CREATE INDEX items_seller ON items (seller);
+CREATE INDEX items_category ON items (category);
+CREATE INDEX old_items_seller ON old_items (seller);
+CREATE INDEX old_items_category ON old_items (category);
+CREATE INDEX bids_item ON bids (item_id);
+CREATE INDEX bids_user ON bids (user_id);
+CREATE INDEX comments_from ON comments (from_user_id);
+CREATE INDEX comments_to ON comments (to_user_id);
+CREATE INDEX comments_item ON comments (item_id);
+CREATE INDEX buy_now_buyer ON buy_now (buyer_id);
+CREATE INDEX buy_now_item ON buy_now (item_id);
