@@ -46,6 +46,10 @@ type Config struct {
 	KeySettings []string
 	Log         *slog.Logger
 	Metrics     prometheus.Registerer // may be nil
+	// IgnoreConsistency is for measurements only (the "no consistency"
+	// ablation of the benchmarks): hits do not narrow the transaction's
+	// snapshot, so results may mix snapshots within the staleness limit.
+	IgnoreConsistency bool
 }
 
 // Client is a connection to PostgreSQL through Larder.

@@ -27,7 +27,8 @@ func init() { sql.Register(DriverName, &Driver{}) }
 // larder.* query parameters configure the cache: larder.nats (NATS URL),
 // larder.nodes (comma-separated cache-node addresses), larder.quma (the
 // QUMA file), larder.staleness (a Go duration), larder.l1 (L1 bytes),
-// larder.prefix (NATS subject prefix). A read-only transaction
+// larder.prefix (NATS subject prefix); larder.ignore-consistency=true is the
+// benchmarks' ablation and nothing else. A read-only transaction
 // (sql.TxOptions{ReadOnly: true}) is a cached read-only transaction;
 // everything else is plain PostgreSQL through pgx.
 type Driver struct {
@@ -84,6 +85,9 @@ func ParseDSN(dsn string) (Config, error) {
 			cfg.QUMA = v
 		case "larder.prefix":
 			cfg.Prefix = v
+		case "larder.ignore-consistency":
+			// the benchmarks' "no consistency" ablation; never in production
+			cfg.IgnoreConsistency = v == "true"
 		case "larder.staleness":
 			if cfg.Staleness, err = time.ParseDuration(v); err != nil || cfg.Staleness <= 0 {
 				return cfg, fmt.Errorf("larder: larder.staleness=%q: want a positive duration such as 30s", v)

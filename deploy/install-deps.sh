@@ -2,7 +2,7 @@
 # Installs what Larder needs to build, test and run locally, and only what is missing.
 #
 #   Debian packages: postgresql-15, postgresql-server-dev-15, redis-server, php-cli, php-pgsql, phpunit
-#   Go tools (pinned; the module proxy refuses @latest for some modules): staticcheck, nats-server
+#   Go tools (pinned; the module proxy refuses @latest for some modules): staticcheck, nats-server, k6
 #
 # Idempotent: a second run installs nothing and does not touch the network.
 # Run as root (CI does) or with sudo available. Set LARDER_NO_INSTALL=1 to only check.
@@ -10,6 +10,7 @@ set -euo pipefail
 
 STATICCHECK_VERSION=v0.6.1
 NATS_SERVER_VERSION=v2.15.2
+K6_VERSION=v1.8.1
 
 DEBIAN_PACKAGES=(postgresql-15 postgresql-server-dev-15 redis-server php-cli php-pgsql phpunit)
 
@@ -68,5 +69,6 @@ go_tool() {
 
 go_tool staticcheck "$STATICCHECK_VERSION" honnef.co/go/tools/cmd/staticcheck
 go_tool nats-server "$NATS_SERVER_VERSION" github.com/nats-io/nats-server/v2
+go_tool k6 "$K6_VERSION" go.k6.io/k6
 
 log "all dependencies present"
