@@ -2,11 +2,14 @@ package larder
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,7 +110,7 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("larder: %s: %w", cfg.QUMA, err)
 	}
-	c := &Client{cfg: cfg, analyzer: sol.Analyzer(), m: newClientMetrics(cfg.Metrics)}
+	c := &Client{cfg: cfg, m: newClientMetrics(cfg.Metrics)}
 	c.maps.New = func() any { return &pgxTypeMap{pgtype.NewMap()} }
 	if cfg.L1Bytes > 0 {
 		c.l1 = store.NewMemory(cfg.L1Bytes, nil)
@@ -127,10 +130,59 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 		c.Close()
 		return nil, err
 	}
+	c.analyzer = quma.NewAnalyzer(sol.Schema, publishedSets(ctx, c.nc, cfg, sol.TagSets()))
 	for _, addr := range cfg.Nodes {
 		c.nodes = append(c.nodes, protocol.NewClient(addr, 8))
 	}
 	return c, nil
+}
+
+// publishedSets keeps, of the QUMA file's tag column sets, those the
+// invalidator says it publishes: a result keyed on a set it does not
+// publish would never be invalidated. When the invalidator cannot be asked,
+// no set is kept: every result then depends on table tags, which every
+// write publishes.
+func publishedSets(ctx context.Context, nc *nats.Conn, cfg Config, want map[string][][]string) map[string][][]string {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var have map[string][][]string
+	for rctx.Err() == nil {
+		// The invalidator answers once it has read the catalogs: ask again
+		// until then.
+		actx, acancel := context.WithTimeout(rctx, 250*time.Millisecond)
+		msg, err := nc.RequestWithContext(actx, invalidation.TagSetsSubject(cfg.Prefix), nil)
+		acancel()
+		if err == nil && json.Unmarshal(msg.Data, &have) == nil {
+			break
+		}
+		have = nil
+		cfg.Log.Debug("larder: asking the invalidator for its tag column sets", "err", err)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if have == nil {
+		cfg.Log.Warn("larder: the invalidator did not say which tag column sets it publishes: caching with table tags only")
+		return nil
+	}
+	out := map[string][][]string{}
+	for table, sets := range want {
+		for _, set := range sets {
+			if containsSet(have[table], set) {
+				out[table] = append(out[table], set)
+			} else {
+				cfg.Log.Warn("larder: the invalidator does not publish this tag column set; results use the table tag instead", "table", table, "columns", strings.Join(set, ","))
+			}
+		}
+	}
+	return out
+}
+
+func containsSet(sets [][]string, set []string) bool {
+	for _, s := range sets {
+		if slices.Equal(s, set) {
+			return true
+		}
+	}
+	return false
 }
 
 // readKeyScope reads the session state that changes results.

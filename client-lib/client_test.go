@@ -543,3 +543,29 @@ func TestErrorsWrapPostgres(t *testing.T) {
 		t.Fatalf("want PostgreSQL's undefined_column behind it, got %v", err)
 	}
 }
+
+// A tag column set the invalidator does not publish is never keyed on:
+// the client asks the invalidator which sets it publishes.
+func TestOnlyPublishedTagSetsAreUsed(t *testing.T) {
+	const byVer = "SELECT id FROM accounts WHERE ver = $1"
+	s := startStackWith(t, schemaSQL, "INSERT INTO accounts (id, balance) VALUES (1, 100)", readBalance, byVer)
+	// The QUMA file keys byVer on accounts(ver); the invalidator, started
+	// without it, publishes the primary key only.
+	c := s.client(t, 0)
+	for _, c2 := range []struct {
+		sql   string
+		keyed bool
+	}{{readBalance, true}, {byVer, false}} {
+		tpl, err := c.analyzer.Prepare(c2.sql)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tags, err := tpl.Tags([]any{1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if keyed := len(tags) == 1 && !tags[0].IsTable(); keyed != c2.keyed {
+			t.Errorf("%s: tags %v; keyed %v, want %v", c2.sql, tags, keyed, c2.keyed)
+		}
+	}
+}

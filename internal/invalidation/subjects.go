@@ -26,6 +26,11 @@ func TagSubject(prefix, tag string) string { return prefix + ".inv." + hashName(
 // FlushSubject returns the subject of a table's flushes.
 func FlushSubject(prefix, table string) string { return prefix + ".inv." + hashName("flush:"+table) }
 
+// TagSetsSubject answers requests with the tag column sets the invalidator
+// publishes (JSON: {"schema.table": [["col", …], …]}). A client must not
+// key a result on a set the invalidator does not publish.
+func TagSetsSubject(prefix string) string { return prefix + ".config.tagsets" }
+
 // HeartbeatSubject returns the heartbeat subject.
 func HeartbeatSubject(prefix string) string { return prefix + ".hb" }
 

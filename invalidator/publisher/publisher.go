@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -118,6 +119,8 @@ type Publisher struct {
 	js  jetstream.JetStream
 
 	tables    map[string]*tableInfo
+	setsMu    sync.Mutex
+	sets      map[string][][]string // published tag column sets, for TagSets
 	relations map[uint32]*relation
 	checked   map[uint32]bool // relations compared with the catalog this session
 
@@ -161,6 +164,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		return err
 	}
 	chooseSets(p.tables, cfg.TagColumns)
+	p.noteSets()
 	if ie := checkIdentity(p.tables); ie != nil {
 		if !cfg.FixReplicaIdentity {
 			return ie
@@ -173,6 +177,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 			return err
 		}
 		chooseSets(p.tables, cfg.TagColumns)
+		p.noteSets()
 	}
 
 	if p.js, err = jetstream.New(cfg.NATS, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(ackTimeout)); err != nil {
@@ -228,6 +233,28 @@ func (p *Publisher) Run(ctx context.Context) error {
 		err = hbErr
 	}
 	return err
+}
+
+// noteSets records the tag column sets in effect.
+func (p *Publisher) noteSets() {
+	sets := map[string][][]string{}
+	for name, t := range p.tables {
+		if len(t.sets) > 0 {
+			sets[name] = t.sets
+		}
+	}
+	p.setsMu.Lock()
+	p.sets = sets
+	p.setsMu.Unlock()
+}
+
+// TagSets returns the tag column sets the publisher publishes keyed tags
+// for (nil before its first Run read the catalogs). Tables it tracks but
+// that are absent here get table tags only.
+func (p *Publisher) TagSets() map[string][][]string {
+	p.setsMu.Lock()
+	defer p.setsMu.Unlock()
+	return p.sets
 }
 
 func (p *Publisher) ensurePublication(ctx context.Context, conn *pgx.Conn) error {

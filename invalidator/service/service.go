@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -141,6 +142,21 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
+
+	// Clients ask which tag column sets are published before keying on any.
+	setsSub, err := nc.Subscribe(invalidation.TagSetsSubject(o.Prefix), func(m *nats.Msg) {
+		sets := pub.TagSets()
+		if sets == nil || m.Reply == "" {
+			return // not known yet: the client asks again or keys on tables only
+		}
+		if b, err := json.Marshal(sets); err == nil {
+			_ = m.Respond(b)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to tag set requests: %w", err)
+	}
+	defer setsSub.Unsubscribe()
 
 	cushionDone := make(chan error, 1)
 	if o.Pins {
