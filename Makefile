@@ -8,7 +8,7 @@ STATICCHECK := $(GOBIN)/staticcheck
 # One go test over every package keeps the build cache warm; 2 packages at a time fits 2 cores.
 GOTEST_FLAGS ?= -count=1 -timeout 25m -p 2
 
-.PHONY: all deps test lint fmt-check vet staticcheck gotest demo up clean history
+.PHONY: all deps test lint fmt-check vet staticcheck gotest demo up clean history bench-rubis
 
 all: test
 
@@ -39,6 +39,13 @@ gotest:
 HISTORY_SECONDS ?= 60
 history: deps
 	LARDER_HISTORY_SECONDS=$(HISTORY_SECONDS) $(GO) test -count=1 -timeout 30m -run 'TestSnapshotConsistency' -v ./client-lib
+
+# RUBiS side by side (direct, larder, larder-nocons, local-only) at rising
+# client counts on a stack of its own; the report goes to bench/rubis/results.
+# BENCH_ARGS passes flags to rubis-bench (see its -help).
+BENCH_ARGS ?=
+bench-rubis: deps
+	bash bench/rubis/bench.sh $(BENCH_ARGS)
 
 # The main job. Until the cache exists it brings the local stack up, exercises
 # every server, prints what it saw and stops it cleanly.

@@ -15,7 +15,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "demo") {
-		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-invalidator-metrics ADDR]")
+		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-invalidator-metrics ADDR]")
 		os.Exit(2)
 	}
 	verb := os.Args[1]
@@ -26,6 +26,7 @@ func main() {
 	fs.IntVar(&cfg.NATSPort, "nats-port", cfg.NATSPort, "NATS port on 127.0.0.1 (0: any free port)")
 	fs.IntVar(&cfg.RedisPort, "redis-port", cfg.RedisPort, "Redis port on 127.0.0.1 (0: any free port)")
 	fs.StringVar(&cfg.NATSBin, "nats-bin", cfg.NATSBin, `nats-server binary to run, or "embedded" to run NATS in this process`)
+	fs.IntVar(&cfg.CacheNodePort, "cache-node-port", cfg.CacheNodePort, "cache-node port on 127.0.0.1 (0: any free port)")
 	fs.StringVar(&cfg.InvalidatorMetrics, "invalidator-metrics", cfg.InvalidatorMetrics, `address of the invalidator's /metrics ("" for none)`)
 	_ = fs.Parse(os.Args[2:])
 	if cfg.NATSBin == "embedded" {

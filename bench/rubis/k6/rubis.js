@@ -40,9 +40,14 @@ function stages() {
   });
 }
 
-export const options = __ENV.STAGES
-  ? { stages: stages() }
-  : { vus: parseInt(__ENV.VUS || '1'), duration: __ENV.DURATION || '10s' };
+// A threshold per interaction makes k6's summary report each one's latency.
+const thresholds = {};
+for (const s of STATES) thresholds[`http_req_duration{name:${s}}`] = ['max>=0'];
+
+export const options = Object.assign(
+  __ENV.STAGES ? { stages: stages() } : { vus: parseInt(__ENV.VUS || '1'), duration: __ENV.DURATION || '10s' },
+  { thresholds, summaryTrendStats: ['avg', 'p(50)', 'p(90)', 'p(99)', 'max'] },
+);
 
 // parse reads the original table: one row per "to" state (27, Back, End of
 // Session), one column per "from" state, the think time in ms last.

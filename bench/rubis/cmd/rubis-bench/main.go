@@ -1,0 +1,252 @@
+// Command rubis-bench runs RUBiS side by side in several modes against a
+// running local stack, at rising client counts, and writes the report.
+//
+//	go run ./deploy/local up &        # the stack
+//	go run ./bench/rubis/cmd/rubis-bench --env .larder-local/stack.env --out bench/rubis/results
+//
+// It loads the data, serves the application once per mode in this process,
+// runs k6 (bench/rubis/k6/rubis.js) for each mode and client count, finds
+// each mode's peak throughput with every interaction's p90 under the bound,
+// and writes report.json and report.md. With --pin-postgres, PostgreSQL
+// (the postmaster and every backend) is pinned to one core so that, as in
+// the papers, the database is the bottleneck.
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/larderdb/larder/bench/rubis/app"
+	"github.com/larderdb/larder/bench/rubis/datagen"
+	"github.com/larderdb/larder/bench/rubis/report"
+	larder "github.com/larderdb/larder/client-lib"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "rubis-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	envFile := flag.String("env", ".larder-local/stack.env", "the local stack's env file (LARDER_PG_URL, LARDER_DSN)")
+	modes := flag.String("modes", "direct,larder,larder-nocons,local-only", "modes, comma-separated")
+	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
+	duration := flag.Duration("duration", 30*time.Second, "measured time per run")
+	mix := flag.String("mix", "browsing", "bidding or browsing")
+	think := flag.Float64("think", 0, "think-time factor (0: peak runs)")
+	preset := flag.String("preset", "txcache-memory", "data preset")
+	scale := flag.Float64("scale", 0.1, "data scale")
+	bound := flag.Duration("p90", time.Second, "latency bound for the peak: every interaction's p90 under it")
+	staleness := flag.Duration("staleness", 30*time.Second, "staleness limit of read-only pages")
+	pin := flag.Int("pin-postgres", 0, "pin PostgreSQL to this core (-1: no pinning)")
+	out := flag.String("out", "bench/rubis/results", "output folder")
+	skipLoad := flag.Bool("skip-load", false, "reuse the data already loaded")
+	flag.Parse()
+
+	env, err := readEnv(*envFile)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	size := map[string]datagen.Size{"original": datagen.Original, "txcache-memory": datagen.TxCacheInMemory}[*preset]
+	if size.Users == 0 {
+		return fmt.Errorf("unknown preset %q", *preset)
+	}
+	size = size.Scaled(*scale)
+	if !*skipLoad {
+		conn, err := pgx.Connect(ctx, env["LARDER_PG_URL"])
+		if err != nil {
+			return err
+		}
+		_, err = datagen.Load(ctx, conn, datagen.Config{Size: size, Seed: 1, Progress: os.Stdout})
+		conn.Close(ctx)
+		if err != nil {
+			return err
+		}
+	}
+	pinned := "PostgreSQL not pinned"
+	if *pin >= 0 {
+		if err := pinPostgres(ctx, env["LARDER_PG_URL"], *pin); err != nil {
+			return err
+		}
+		pinned = fmt.Sprintf("PostgreSQL pinned to core %d", *pin)
+	}
+
+	rep := &report.Report{Mix: *mix, Scale: fmt.Sprintf("%s × %g (%d users, %d active items, %d old items)", *preset, *scale, size.Users, size.ActiveItems, size.OldItems),
+		Bound: *bound, Machine: fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run", runtime.NumCPU(), pinned, *staleness, *think, *duration)}
+	for _, mode := range strings.Split(*modes, ",") {
+		db, err := openMode(mode, env)
+		if err != nil {
+			return err
+		}
+		db.SetMaxOpenConns(64)
+		base, stop, err := serve(db, *staleness)
+		if err != nil {
+			return err
+		}
+		for _, v := range strings.Split(*vusList, ",") {
+			vus, err := strconv.Atoi(v)
+			if err != nil || vus < 1 {
+				return fmt.Errorf("--vus: %q", v)
+			}
+			r, err := k6(ctx, base, mode, vus, *duration, *mix, *think, size)
+			if err != nil {
+				stop()
+				return err
+			}
+			fmt.Printf("%-14s %3d VUs: %7.0f requests/s, worst p90 %7.1f ms (%s)\n", mode, vus, r.Rate, r.WorstP90, r.Worst)
+			rep.Runs = append(rep.Runs, r)
+		}
+		stop()
+		db.Close()
+	}
+	rep.Peaks = report.Peaks(rep.Runs, *bound)
+	if err := rep.Write(*out); err != nil {
+		return err
+	}
+	fmt.Print("\n" + rep.Markdown())
+	return nil
+}
+
+func readEnv(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w (start the stack: go run ./deploy/local up)", err)
+	}
+	defer f.Close()
+	env := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			env[k] = v
+		}
+	}
+	if env["LARDER_PG_URL"] == "" || env["LARDER_DSN"] == "" {
+		return nil, fmt.Errorf("%s lacks LARDER_PG_URL or LARDER_DSN", path)
+	}
+	return env, sc.Err()
+}
+
+func openMode(mode string, env map[string]string) (*sql.DB, error) {
+	if mode == "direct" {
+		return sql.Open("pgx", env["LARDER_PG_URL"])
+	}
+	u, err := url.Parse(env["LARDER_DSN"])
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	switch mode {
+	case "larder":
+	case "larder-nocons":
+		q.Set("larder.ignore-consistency", "true")
+	case "local-only":
+		q.Del("larder.nodes")
+		q.Set("larder.l1", strconv.Itoa(256<<20))
+	default:
+		return nil, fmt.Errorf("unknown mode %q", mode)
+	}
+	u.RawQuery = q.Encode()
+	return sql.Open(larder.DriverName, u.String())
+}
+
+// serve runs the application on a free port.
+func serve(db *sql.DB, staleness time.Duration) (string, func(), error) {
+	a, err := app.New(app.Config{DB: db, ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, staleness) }})
+	if err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
+// k6 runs the script once and reads its summary.
+func k6(ctx context.Context, base, mode string, vus int, d time.Duration, mix string, think float64, size datagen.Size) (report.Run, error) {
+	bin, err := exec.LookPath("k6")
+	if err != nil {
+		gopath, _ := exec.Command("go", "env", "GOPATH").Output()
+		bin = filepath.Join(strings.TrimSpace(string(gopath)), "bin", "k6")
+		if _, err := os.Stat(bin); err != nil {
+			return report.Run{}, errors.New("k6 is not installed: bash deploy/install-deps.sh")
+		}
+	}
+	tmp, err := os.CreateTemp("", "rubis-k6-*.json")
+	if err != nil {
+		return report.Run{}, err
+	}
+	tmp.Close()
+	defer os.Remove(tmp.Name())
+	cmd := exec.CommandContext(ctx, bin, "run", "--quiet", "--no-usage-report", "--summary-export", tmp.Name(),
+		"-e", "BASE_URL="+base, "-e", "MIX="+mix, "-e", fmt.Sprintf("THINK=%g", think), "-e", fmt.Sprintf("VUS=%d", vus),
+		"-e", "DURATION="+d.String(), "-e", fmt.Sprintf("USERS=%d", size.Users), "-e", fmt.Sprintf("ITEMS=%d", size.ActiveItems),
+		"-e", fmt.Sprintf("CATEGORIES=%d", size.Categories), "-e", fmt.Sprintf("REGIONS=%d", size.Regions), "bench/rubis/k6/rubis.js")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return report.Run{}, fmt.Errorf("k6 (%s, %d VUs): %v\n%s", mode, vus, err, out)
+	}
+	f, err := os.Open(tmp.Name())
+	if err != nil {
+		return report.Run{}, err
+	}
+	defer f.Close()
+	return report.ParseSummary(f, mode, vus)
+}
+
+// pinPostgres pins the postmaster and every backend to one core; backends
+// started later inherit it.
+func pinPostgres(ctx context.Context, pgURL string, core int) error {
+	conn, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var dataDir string
+	if err := conn.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir); err != nil {
+		return err
+	}
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return fmt.Errorf("pin PostgreSQL: %w", err)
+	}
+	pids := []string{strings.SplitN(string(b), "\n", 2)[0]}
+	rows, err := conn.Query(ctx, "SELECT pid::text FROM pg_stat_activity")
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err == nil {
+			pids = append(pids, p)
+		}
+	}
+	rows.Close()
+	for _, p := range pids {
+		if out, err := exec.CommandContext(ctx, "taskset", "-a", "-p", "-c", strconv.Itoa(core), p).CombinedOutput(); err != nil {
+			return fmt.Errorf("taskset %s: %v: %s", p, err, out)
+		}
+	}
+	return nil
+}
