@@ -47,10 +47,13 @@ BENCH_ARGS ?=
 bench-rubis: deps
 	bash bench/rubis/bench.sh $(BENCH_ARGS)
 
-# The main job. Until the cache exists it brings the local stack up, exercises
-# every server, prints what it saw and stops it cleanly.
+# The main job: the local stack and one round trip through the cache, then a
+# short RUBiS comparison of plain PostgreSQL and Larder (about a minute).
 demo: deps
 	$(GO) run ./deploy/local demo
+	@echo
+	@echo "RUBiS, direct vs larder (a short run at demo scale; make bench-rubis for the full report):"
+	bash bench/rubis/bench.sh --modes direct,larder --vus 8 --duration 20s --scale 0.05 --out bench/rubis/results/demo
 
 # The local stack, kept running until Ctrl-C.
 up: deps
