@@ -21,7 +21,9 @@ import (
 // DriverName is the database/sql driver this package registers.
 const DriverName = "larder"
 
-func init() { sql.Register(DriverName, &Driver{}) }
+var registered driver.Driver = &Driver{}
+
+func init() { sql.Register(DriverName, registered) }
 
 // Driver is the database/sql driver. Its DSN is a PostgreSQL URL whose
 // larder.* query parameters configure the cache: larder.nats (NATS URL),
@@ -146,6 +148,22 @@ func (d *Driver) client(ctx context.Context, dsn string, cfg Config) (*Client, e
 	}
 	d.clients[dsn] = cl
 	return cl, nil
+}
+
+// DriverStats returns the counters of the Client behind a DSN opened with
+// the larder driver, if it was opened in this process.
+func DriverStats(dsn string) (*Stats, bool) {
+	d, ok := registered.(*Driver)
+	if !ok {
+		return nil, false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.clients[dsn]
+	if c == nil {
+		return nil, false
+	}
+	return c.Stats(), true
 }
 
 type stalenessKey struct{}

@@ -23,6 +23,19 @@ type Run struct {
 	P90      map[string]float64 `json:"p90_ms_by_interaction"`
 	WorstP90 float64            `json:"worst_p90_ms"`
 	Worst    string             `json:"worst_interaction"`
+	// CPU is the cores each process group used during the run.
+	CPU map[string]float64 `json:"cpu_cores,omitempty"`
+	// Reads by where they came from (larder modes): l1, node, database.
+	Reads map[string]int64 `json:"reads,omitempty"`
+}
+
+// HitRate is the share of cacheable reads served by the L1 or a node.
+func (r *Run) HitRate() float64 {
+	total := r.Reads["l1"] + r.Reads["node"] + r.Reads["database"]
+	if total == 0 {
+		return 0
+	}
+	return float64(r.Reads["l1"]+r.Reads["node"]) / float64(total)
 }
 
 // ParseSummary reads k6's --summary-export file.
@@ -119,11 +132,19 @@ func (r *Report) Markdown() string {
 		}
 		fmt.Fprintf(&b, "| %s | %.0f | %d | %s |\n", p.Mode, p.Rate, p.VUs, ratio)
 	}
-	fmt.Fprintf(&b, "\nEvery run:\n\n| mode | VUs | requests/s | failed | worst p90 (ms) | interaction |\n|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\nEvery run (CPU in cores used: PostgreSQL / application / invalidator+cache-node / NATS / k6):\n\n| mode | VUs | requests/s | failed | worst p90 (ms) | interaction | hit rate | CPU |\n|---|---|---|---|---|---|---|---|\n")
 	runs := append([]Run(nil), r.Runs...)
 	sort.SliceStable(runs, func(i, j int) bool { return runs[i].Mode < runs[j].Mode })
 	for _, x := range runs {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f%% | %.1f | %s |\n", x.Mode, x.VUs, x.Rate, 100*x.Failed, x.WorstP90, x.Worst)
+		hit := "—"
+		if len(x.Reads) > 0 {
+			hit = fmt.Sprintf("%.0f%%", 100*x.HitRate())
+		}
+		cpu := "—"
+		if len(x.CPU) > 0 {
+			cpu = fmt.Sprintf("%.2f / %.2f / %.2f / %.2f / %.2f", x.CPU["postgres"], x.CPU["app"], x.CPU["larder"], x.CPU["nats"], x.CPU["k6"])
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f%% | %.1f | %s | %s | %s |\n", x.Mode, x.VUs, x.Rate, 100*x.Failed, x.WorstP90, x.Worst, hit, cpu)
 	}
 	return b.String()
 }

@@ -44,6 +44,7 @@ func main() {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(64)
+	db.SetMaxIdleConns(64) // no reconnect per request
 	a, err := app.New(app.Config{DB: db, NowGranularity: *granularity, UseSQLNow: *sqlNow,
 		ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, *staleness) }})
 	if err != nil {

@@ -98,7 +98,11 @@ func run() error {
 		if err != nil {
 			return err
 		}
+		// Keep connections open in every mode: database/sql keeps only two
+		// idle ones by default, and reconnecting on every request would
+		// measure PostgreSQL's fork, not the modes.
 		db.SetMaxOpenConns(64)
+		db.SetMaxIdleConns(64)
 		base, stop, err := serve(db, *staleness)
 		if err != nil {
 			return err
@@ -108,10 +112,25 @@ func run() error {
 			if err != nil || vus < 1 {
 				return fmt.Errorf("--vus: %q", v)
 			}
-			r, err := k6(ctx, base, mode, vus, *duration, *mix, *think, size)
+			cpu0 := cpuByGroup()
+			reads0 := readsOf(mode, env)
+			start := time.Now()
+			r, k6CPU, err := k6(ctx, base, mode, vus, *duration, *mix, *think, size)
 			if err != nil {
 				stop()
 				return err
+			}
+			wall := time.Since(start).Seconds()
+			cpu1 := cpuByGroup()
+			r.CPU = map[string]float64{"k6": k6CPU.Seconds() / wall}
+			for g, v := range cpu1 {
+				r.CPU[g] = (v - cpu0[g]) / wall
+			}
+			if reads1 := readsOf(mode, env); reads1 != nil {
+				r.Reads = map[string]int64{}
+				for k, v := range reads1 {
+					r.Reads[k] = v - reads0[k]
+				}
 			}
 			fmt.Printf("%-14s %3d VUs: %7.0f requests/s, worst p90 %7.1f ms (%s)\n", mode, vus, r.Rate, r.WorstP90, r.Worst)
 			rep.Runs = append(rep.Runs, r)
@@ -121,6 +140,9 @@ func run() error {
 	}
 	rep.Peaks = report.Peaks(rep.Runs, *bound)
 	if err := rep.Write(*out); err != nil {
+		return err
+	}
+	if err := rep.Plot(*out); err != nil {
 		return err
 	}
 	fmt.Print("\n" + rep.Markdown())
@@ -150,9 +172,18 @@ func openMode(mode string, env map[string]string) (*sql.DB, error) {
 	if mode == "direct" {
 		return sql.Open("pgx", env["LARDER_PG_URL"])
 	}
+	dsn := modeDSN(mode, env)
+	if dsn == "" {
+		return nil, fmt.Errorf("unknown mode %q", mode)
+	}
+	return sql.Open(larder.DriverName, dsn)
+}
+
+// modeDSN is the larder DSN of a mode.
+func modeDSN(mode string, env map[string]string) string {
 	u, err := url.Parse(env["LARDER_DSN"])
 	if err != nil {
-		return nil, err
+		return ""
 	}
 	q := u.Query()
 	switch mode {
@@ -163,10 +194,10 @@ func openMode(mode string, env map[string]string) (*sql.DB, error) {
 		q.Del("larder.nodes")
 		q.Set("larder.l1", strconv.Itoa(256<<20))
 	default:
-		return nil, fmt.Errorf("unknown mode %q", mode)
+		return ""
 	}
 	u.RawQuery = q.Encode()
-	return sql.Open(larder.DriverName, u.String())
+	return u.String()
 }
 
 // serve runs the application on a free port.
@@ -184,19 +215,20 @@ func serve(db *sql.DB, staleness time.Duration) (string, func(), error) {
 	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
 }
 
-// k6 runs the script once and reads its summary.
-func k6(ctx context.Context, base, mode string, vus int, d time.Duration, mix string, think float64, size datagen.Size) (report.Run, error) {
+// k6 runs the script once and reads its summary; it also returns the CPU
+// time k6 used.
+func k6(ctx context.Context, base, mode string, vus int, d time.Duration, mix string, think float64, size datagen.Size) (report.Run, time.Duration, error) {
 	bin, err := exec.LookPath("k6")
 	if err != nil {
 		gopath, _ := exec.Command("go", "env", "GOPATH").Output()
 		bin = filepath.Join(strings.TrimSpace(string(gopath)), "bin", "k6")
 		if _, err := os.Stat(bin); err != nil {
-			return report.Run{}, errors.New("k6 is not installed: bash deploy/install-deps.sh")
+			return report.Run{}, 0, errors.New("k6 is not installed: bash deploy/install-deps.sh")
 		}
 	}
 	tmp, err := os.CreateTemp("", "rubis-k6-*.json")
 	if err != nil {
-		return report.Run{}, err
+		return report.Run{}, 0, err
 	}
 	tmp.Close()
 	defer os.Remove(tmp.Name())
@@ -205,14 +237,79 @@ func k6(ctx context.Context, base, mode string, vus int, d time.Duration, mix st
 		"-e", "DURATION="+d.String(), "-e", fmt.Sprintf("USERS=%d", size.Users), "-e", fmt.Sprintf("ITEMS=%d", size.ActiveItems),
 		"-e", fmt.Sprintf("CATEGORIES=%d", size.Categories), "-e", fmt.Sprintf("REGIONS=%d", size.Regions), "bench/rubis/k6/rubis.js")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return report.Run{}, fmt.Errorf("k6 (%s, %d VUs): %v\n%s", mode, vus, err, out)
+		return report.Run{}, 0, fmt.Errorf("k6 (%s, %d VUs): %v\n%s", mode, vus, err, out)
 	}
+	cpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	f, err := os.Open(tmp.Name())
 	if err != nil {
-		return report.Run{}, err
+		return report.Run{}, 0, err
 	}
 	defer f.Close()
-	return report.ParseSummary(f, mode, vus)
+	r, err := report.ParseSummary(f, mode, vus)
+	return r, cpu, err
+}
+
+// readsOf returns the larder client's reads by source for a mode's DSN.
+func readsOf(mode string, env map[string]string) map[string]int64 {
+	if mode == "direct" {
+		return nil
+	}
+	st, ok := larder.DriverStats(modeDSN(mode, env))
+	if !ok {
+		return nil
+	}
+	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load()}
+}
+
+// cpuByGroup sums the CPU seconds of this machine's processes by role:
+// PostgreSQL, the application (this process), the local stack's process
+// (the invalidator and the cache-node), NATS.
+func cpuByGroup() map[string]float64 {
+	const ticks = 100 // USER_HZ on Linux
+	out := map[string]float64{}
+	self := strconv.Itoa(os.Getpid())
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid := e.Name()
+		if pid[0] < '0' || pid[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			continue
+		}
+		st := string(b)
+		open, close := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
+		if open < 0 || close < open {
+			continue
+		}
+		comm, rest := st[open+1:close], strings.Fields(st[close+1:])
+		if len(rest) < 15 {
+			continue
+		}
+		// utime, stime, and the children's that have exited (PostgreSQL's
+		// backends are the postmaster's children).
+		var ticksUsed float64
+		for _, f := range rest[11:15] {
+			v, _ := strconv.ParseFloat(f, 64)
+			ticksUsed += v
+		}
+		group := ""
+		switch {
+		case pid == self:
+			group = "app"
+		case comm == "postgres":
+			group = "postgres"
+		case comm == "local":
+			group = "larder"
+		case comm == "nats-server":
+			group = "nats"
+		}
+		if group != "" {
+			out[group] += ticksUsed / ticks
+		}
+	}
+	return out
 }
 
 // pinPostgres pins the postmaster and every backend to one core; backends
