@@ -84,6 +84,16 @@ type Stats struct {
 	// NowSnapshots counts read-only transactions that found no pin and
 	// ran at a fresh snapshot the pincushion placed.
 	NowSnapshots atomic.Int64
+	// NodeMisses counts the cache-node's misses by class (compulsory,
+	// staleness, capacity, consistency; a hit outside the transaction's
+	// candidates counts as consistency).
+	NodeMisses [5]atomic.Int64
+}
+
+func (s *Stats) noteNodeMiss(c store.MissClass) {
+	if int(c) < len(s.NodeMisses) {
+		s.NodeMisses[c].Add(1)
+	}
 }
 
 // Open connects to PostgreSQL, NATS and the cache-nodes and loads the

@@ -268,7 +268,11 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		if err != nil {
 			t.c.stats.NodeErrors.Add(1)
 			t.c.m.nodeErrors.Inc()
-		} else if r.Miss == store.Hit && t.narrow(r.Lo, r.Hi) {
+		} else if r.Miss != store.Hit {
+			t.c.stats.noteNodeMiss(r.Miss)
+		} else if !t.narrow(r.Lo, r.Hi) {
+			t.c.stats.noteNodeMiss(store.MissConsistency) // a version, but outside the candidates
+		} else {
 			if res, err := decodeResult(r.Value); err == nil {
 				t.trace = append(t.trace, fmt.Sprintf("node[%X,%X)@%X", r.Lo, r.Hi, r.Snapshot))
 				t.c.stats.NodeHits.Add(1)

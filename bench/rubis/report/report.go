@@ -132,19 +132,20 @@ func (r *Report) Markdown() string {
 		}
 		fmt.Fprintf(&b, "| %s | %.0f | %d | %s |\n", p.Mode, p.Rate, p.VUs, ratio)
 	}
-	fmt.Fprintf(&b, "\nEvery run (CPU in cores used: PostgreSQL / application / invalidator+cache-node / NATS / k6):\n\n| mode | VUs | requests/s | failed | worst p90 (ms) | interaction | hit rate | CPU |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\nEvery run (node misses: compulsory / staleness / capacity / consistency; CPU in cores used: PostgreSQL / application / invalidator+cache-node / NATS / k6):\n\n| mode | VUs | requests/s | failed | worst p90 (ms) | interaction | hit rate | node misses | CPU |\n|---|---|---|---|---|---|---|---|---|\n")
 	runs := append([]Run(nil), r.Runs...)
 	sort.SliceStable(runs, func(i, j int) bool { return runs[i].Mode < runs[j].Mode })
 	for _, x := range runs {
-		hit := "—"
+		hit, misses := "—", "—"
 		if len(x.Reads) > 0 {
 			hit = fmt.Sprintf("%.0f%%", 100*x.HitRate())
+			misses = fmt.Sprintf("%d / %d / %d / %d", x.Reads["miss-compulsory"], x.Reads["miss-staleness"], x.Reads["miss-capacity"], x.Reads["miss-consistency"])
 		}
 		cpu := "—"
 		if len(x.CPU) > 0 {
 			cpu = fmt.Sprintf("%.2f / %.2f / %.2f / %.2f / %.2f", x.CPU["postgres"], x.CPU["app"], x.CPU["larder"], x.CPU["nats"], x.CPU["k6"])
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f%% | %.1f | %s | %s | %s |\n", x.Mode, x.VUs, x.Rate, 100*x.Failed, x.WorstP90, x.Worst, hit, cpu)
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f%% | %.1f | %s | %s | %s | %s |\n", x.Mode, x.VUs, x.Rate, 100*x.Failed, x.WorstP90, x.Worst, hit, misses, cpu)
 	}
 	return b.String()
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/larderdb/larder/bench/rubis/app"
 	"github.com/larderdb/larder/bench/rubis/datagen"
 	"github.com/larderdb/larder/bench/rubis/report"
+	"github.com/larderdb/larder/cache-node/store"
 	larder "github.com/larderdb/larder/client-lib"
 )
 
@@ -56,7 +57,7 @@ func run() error {
 	preset := flag.String("preset", "txcache-memory", "data preset")
 	scale := flag.Float64("scale", 0.1, "data scale")
 	bound := flag.Duration("p90", time.Second, "latency bound for the peak: every interaction's p90 under it")
-	staleness := flag.Duration("staleness", 30*time.Second, "staleness limit of read-only pages")
+	stalenessList := flag.String("staleness", "30s", "staleness limits of read-only pages, comma-separated (a sweep runs each cached mode at each)")
 	pin := flag.Int("pin-postgres", 0, "pin PostgreSQL to this core (-1: no pinning)")
 	out := flag.String("out", "bench/rubis/results", "output folder")
 	skipLoad := flag.Bool("skip-load", false, "reuse the data already loaded")
@@ -91,10 +92,36 @@ func run() error {
 		pinned = fmt.Sprintf("PostgreSQL pinned to core %d", *pin)
 	}
 
+	var stalenesses []time.Duration
+	for _, v := range strings.Split(*stalenessList, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d <= 0 {
+			return fmt.Errorf("--staleness: %q", v)
+		}
+		stalenesses = append(stalenesses, d)
+	}
 	rep := &report.Report{Mix: *mix, Scale: fmt.Sprintf("%s × %g (%d users, %d active items, %d old items)", *preset, *scale, size.Users, size.ActiveItems, size.OldItems),
-		Bound: *bound, Machine: fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run", runtime.NumCPU(), pinned, *staleness, *think, *duration)}
+		Bound: *bound, Machine: fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run", runtime.NumCPU(), pinned, *stalenessList, *think, *duration)}
+	type variant struct {
+		mode, label string
+		staleness   time.Duration
+	}
+	var variants []variant
 	for _, mode := range strings.Split(*modes, ",") {
-		db, err := openMode(mode, env)
+		for _, st := range stalenesses {
+			label := mode
+			if len(stalenesses) > 1 && mode != "direct" {
+				label = fmt.Sprintf("%s@%s", mode, st)
+			}
+			variants = append(variants, variant{mode, label, st})
+			if mode == "direct" {
+				break // staleness does not apply
+			}
+		}
+	}
+	for _, vr := range variants {
+		mode, staleness := vr.mode, &vr.staleness
+		db, err := openMode(mode, vr.label, env)
 		if err != nil {
 			return err
 		}
@@ -113,9 +140,9 @@ func run() error {
 				return fmt.Errorf("--vus: %q", v)
 			}
 			cpu0 := cpuByGroup()
-			reads0 := readsOf(mode, env)
+			reads0 := readsOf(mode, vr.label, env)
 			start := time.Now()
-			r, k6CPU, err := k6(ctx, base, mode, vus, *duration, *mix, *think, size)
+			r, k6CPU, err := k6(ctx, base, vr.label, vus, *duration, *mix, *think, size)
 			if err != nil {
 				stop()
 				return err
@@ -126,13 +153,13 @@ func run() error {
 			for g, v := range cpu1 {
 				r.CPU[g] = (v - cpu0[g]) / wall
 			}
-			if reads1 := readsOf(mode, env); reads1 != nil {
+			if reads1 := readsOf(mode, vr.label, env); reads1 != nil {
 				r.Reads = map[string]int64{}
 				for k, v := range reads1 {
 					r.Reads[k] = v - reads0[k]
 				}
 			}
-			fmt.Printf("%-14s %3d VUs: %7.0f requests/s, worst p90 %7.1f ms (%s)\n", mode, vus, r.Rate, r.WorstP90, r.Worst)
+			fmt.Printf("%-20s %3d VUs: %7.0f requests/s, worst p90 %7.1f ms (%s)\n", vr.label, vus, r.Rate, r.WorstP90, r.Worst)
 			rep.Runs = append(rep.Runs, r)
 		}
 		stop()
@@ -168,11 +195,11 @@ func readEnv(path string) (map[string]string, error) {
 	return env, sc.Err()
 }
 
-func openMode(mode string, env map[string]string) (*sql.DB, error) {
+func openMode(mode, label string, env map[string]string) (*sql.DB, error) {
 	if mode == "direct" {
 		return sql.Open("pgx", env["LARDER_PG_URL"])
 	}
-	dsn := modeDSN(mode, env)
+	dsn := modeDSN(mode, label, env)
 	if dsn == "" {
 		return nil, fmt.Errorf("unknown mode %q", mode)
 	}
@@ -180,7 +207,7 @@ func openMode(mode string, env map[string]string) (*sql.DB, error) {
 }
 
 // modeDSN is the larder DSN of a mode.
-func modeDSN(mode string, env map[string]string) string {
+func modeDSN(mode, label string, env map[string]string) string {
 	u, err := url.Parse(env["LARDER_DSN"])
 	if err != nil {
 		return ""
@@ -196,6 +223,8 @@ func modeDSN(mode string, env map[string]string) string {
 	default:
 		return ""
 	}
+	// Each variant its own client (and L1): the driver shares one per DSN.
+	q.Set("application_name", "rubis-"+label)
 	u.RawQuery = q.Encode()
 	return u.String()
 }
@@ -250,15 +279,17 @@ func k6(ctx context.Context, base, mode string, vus int, d time.Duration, mix st
 }
 
 // readsOf returns the larder client's reads by source for a mode's DSN.
-func readsOf(mode string, env map[string]string) map[string]int64 {
+func readsOf(mode, label string, env map[string]string) map[string]int64 {
 	if mode == "direct" {
 		return nil
 	}
-	st, ok := larder.DriverStats(modeDSN(mode, env))
+	st, ok := larder.DriverStats(modeDSN(mode, label, env))
 	if !ok {
 		return nil
 	}
-	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load()}
+	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load(),
+		"miss-compulsory": st.NodeMisses[store.MissCompulsory].Load(), "miss-staleness": st.NodeMisses[store.MissStaleness].Load(),
+		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load()}
 }
 
 // cpuByGroup sums the CPU seconds of this machine's processes by role:
