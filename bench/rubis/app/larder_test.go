@@ -20,8 +20,9 @@ import (
 	"github.com/larderdb/larder/qumaana/quma"
 )
 
-// Every page renders the same through Larder as on plain PostgreSQL, the
-// first time (misses) and again (hits).
+// Every page renders the same in every cached mode (larder, larder-nocons,
+// local-only) as on plain PostgreSQL, the first time (misses) and again
+// (hits).
 func TestSamePagesThroughLarder(t *testing.T) {
 	pgURL := loadTiny(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -75,17 +76,24 @@ func TestSamePagesThroughLarder(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	q := url.Values{}
-	q.Set("larder.nats", env.NATS.URL())
-	q.Set("larder.nodes", node)
-	q.Set("larder.quma", qumaFile)
-	q.Set("larder.prefix", "rubis")
-	q.Set("larder.staleness", "30s")
-	cached, err := sql.Open(larder.DriverName, pgURL+"&"+q.Encode())
-	if err != nil {
-		t.Fatal(err)
+	dsn := func(mode string) string {
+		q := url.Values{}
+		q.Set("larder.nats", env.NATS.URL())
+		q.Set("larder.quma", qumaFile)
+		q.Set("larder.prefix", "rubis")
+		q.Set("larder.staleness", "30s")
+		q.Set("application_name", mode)
+		switch mode {
+		case "larder":
+			q.Set("larder.nodes", node)
+		case "larder-nocons":
+			q.Set("larder.nodes", node)
+			q.Set("larder.ignore-consistency", "true")
+		case "local-only":
+			q.Set("larder.l1", "8388608")
+		}
+		return pgURL + "&" + q.Encode()
 	}
-	defer cached.Close()
 	direct, err := sql.Open("pgx", pgURL)
 	if err != nil {
 		t.Fatal(err)
@@ -94,16 +102,22 @@ func TestSamePagesThroughLarder(t *testing.T) {
 	// One clock for both, so that $now is the same.
 	now := time.Now()
 	clock := func() time.Time { return now }
-	viaLarder := newServer(t, cached, Config{Clock: clock, ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, 30*time.Second) }})
 	viaPG := newServer(t, direct, Config{Clock: clock})
-
-	// Every pin is taken after the load (the invalidator started after
-	// it); before the first pin, transactions read fresh snapshots.
-	for round := 0; round < 2; round++ {
-		for _, v := range readVisits() {
-			a, b := get(t, viaPG, v), get(t, viaLarder, v)
-			if a != b {
-				t.Fatalf("round %d, %s?%s differs through Larder:\n%s\n---\n%s", round, v.path, v.params.Encode(), diffHint(a, b), b)
+	for _, mode := range []string{"larder", "larder-nocons", "local-only"} {
+		cached, err := sql.Open(larder.DriverName, dsn(mode))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cached.Close()
+		viaLarder := newServer(t, cached, Config{Clock: clock, ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, 30*time.Second) }})
+		// Every pin is taken after the load (the invalidator started after
+		// it); before the first pin, transactions read fresh snapshots.
+		for round := 0; round < 2; round++ {
+			for _, v := range readVisits() {
+				a, b := get(t, viaPG, v), get(t, viaLarder, v)
+				if a != b {
+					t.Fatalf("%s, round %d, %s?%s differs:\n%s\n---\n%s", mode, round, v.path, v.params.Encode(), diffHint(a, b), b)
+				}
 			}
 		}
 	}

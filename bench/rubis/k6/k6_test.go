@@ -65,6 +65,13 @@ func TestScriptReproducesTheBiddingMix(t *testing.T) {
 			t.Errorf("%s: %.1f%% of %d requests, the specification says %.1f%%", page, got, total, want)
 		}
 	}
-	t.Logf("%d requests; ViewItem %.1f%%, SearchItemsInCategory %.1f%%, StoreBid %.1f%%", total,
+	writes := 0
+	for _, w := range []string{"RegisterUser", "StoreBuyNow", "StoreBid", "StoreComment", "RegisterItem"} {
+		writes += count[w]
+	}
+	if got := 100 * float64(writes) / float64(total); math.Abs(got-9.2) > 1.5 {
+		t.Errorf("writing pages: %.1f%% of requests, the specification says 9.2%%", got)
+	}
+	t.Logf("%d requests; writing pages %.1f%%; ViewItem %.1f%%, SearchItemsInCategory %.1f%%, StoreBid %.1f%%", total, 100*float64(writes)/float64(total),
 		100*float64(count["ViewItem"])/float64(total), 100*float64(count["SearchItemsInCategory"])/float64(total), 100*float64(count["StoreBid"])/float64(total))
 }
