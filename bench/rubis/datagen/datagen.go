@@ -20,6 +20,13 @@ var schemaSQL string
 //go:embed indexes.sql
 var indexesSQL string
 
+//go:embed templates.sql
+var templatesSQL string
+
+// TemplatesSQL is every statement of the specification as a template
+// (qumaana's input for the application's tag column sets).
+func TemplatesSQL() string { return templatesSQL }
+
 // SchemaSQL is the RUBiS schema (without the secondary indexes).
 func SchemaSQL() string { return schemaSQL }
 

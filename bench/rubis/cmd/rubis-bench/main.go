@@ -38,6 +38,7 @@ import (
 	"github.com/larderdb/larder/bench/rubis/report"
 	"github.com/larderdb/larder/cache-node/store"
 	larder "github.com/larderdb/larder/client-lib"
+	"github.com/larderdb/larder/qumaana/quma"
 )
 
 func main() {
@@ -61,6 +62,7 @@ func run() error {
 	pin := flag.Int("pin-postgres", 0, "pin PostgreSQL to this core (-1: no pinning)")
 	out := flag.String("out", "bench/rubis/results", "output folder")
 	skipLoad := flag.Bool("skip-load", false, "reuse the data already loaded")
+	loadOnly := flag.Bool("load-only", false, "load the data and stop")
 	flag.Parse()
 
 	env, err := readEnv(*envFile)
@@ -84,6 +86,16 @@ func run() error {
 			return err
 		}
 	}
+	if *loadOnly {
+		return nil
+	}
+	// The application's QUMA file: the live schema and the specification's
+	// templates. Clients key only on the sets the invalidator publishes.
+	qumaFile, err := writeQUMA(ctx, env["LARDER_PG_URL"], *out)
+	if err != nil {
+		return err
+	}
+	env["LARDER_QUMA"] = qumaFile
 	pinned := "PostgreSQL not pinned"
 	if *pin >= 0 {
 		if err := pinPostgres(ctx, env["LARDER_PG_URL"], *pin); err != nil {
@@ -213,6 +225,9 @@ func modeDSN(mode, label string, env map[string]string) string {
 		return ""
 	}
 	q := u.Query()
+	if f := env["LARDER_QUMA"]; f != "" {
+		q.Set("larder.quma", f)
+	}
 	switch mode {
 	case "larder":
 	case "larder-nocons":
@@ -227,6 +242,44 @@ func modeDSN(mode, label string, env map[string]string) string {
 	q.Set("application_name", "rubis-"+label)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// writeQUMA analyzes the database's schema with RUBiS's templates into
+// dir/quma.json.
+func writeQUMA(ctx context.Context, pgURL, dir string) (string, error) {
+	conn, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	schema, err := quma.LoadCatalog(ctx, conn)
+	if err != nil {
+		return "", err
+	}
+	work, err := quma.ReadTemplates(strings.NewReader(datagen.TemplatesSQL()), "templates.sql")
+	if err != nil {
+		return "", err
+	}
+	sol, err := quma.AnalyzeWorkload(schema, work)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	path, err := filepath.Abs(filepath.Join(dir, "quma.json"))
+	if err != nil {
+		return "", err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	if err := sol.WriteJSON(f); err != nil {
+		f.Close()
+		return "", err
+	}
+	return path, f.Close()
 }
 
 // serve runs the application on a free port.
