@@ -318,16 +318,7 @@ func (a *analysis) conjunct(c *pg.Node, sc *scope, uf *unionFind, binds map[colK
 			}
 		case pg.A_Expr_Kind_AEXPR_IN:
 			if k, isCol := a.bindableColumn(e.GetLexpr(), sc); isCol && ok(k) {
-				var alts []valueSource
-				for _, item := range e.GetRexpr().GetList().GetItems() {
-					v, isVal := valueOf(item)
-					if !isVal || !castFits(k, item) {
-						alts = nil
-						break
-					}
-					alts = append(alts, v)
-				}
-				if len(alts) > 0 {
+				if alts := listValues(k, e.GetRexpr().GetList().GetItems()); len(alts) > 0 {
 					binds[k] = alts
 					return
 				}
@@ -340,16 +331,7 @@ func (a *analysis) conjunct(c *pg.Node, sc *scope, uf *unionFind, binds map[colK
 					return
 				}
 				if arr := r.GetAArrayExpr(); arr != nil {
-					var alts []valueSource
-					for _, item := range arr.GetElements() {
-						v, isVal := valueOf(item)
-						if !isVal || !castFits(k, item) {
-							alts = nil
-							break
-						}
-						alts = append(alts, v)
-					}
-					if len(alts) > 0 {
+					if alts := listValues(k, arr.GetElements()); len(alts) > 0 {
 						binds[k] = alts
 						return
 					}
@@ -463,6 +445,20 @@ func castFits(k colKey, n *pg.Node) bool {
 }
 
 // valueOf recognizes a parameter or literal, possibly cast.
+// listValues returns the values of an IN list or ARRAY[...] bound to k,
+// or nil when any item is not a parameter or literal that fits k.
+func listValues(k colKey, items []*pg.Node) []valueSource {
+	var alts []valueSource
+	for _, item := range items {
+		v, isVal := valueOf(item)
+		if !isVal || !castFits(k, item) {
+			return nil
+		}
+		alts = append(alts, v)
+	}
+	return alts
+}
+
 func valueOf(n *pg.Node) (valueSource, bool) {
 	n = stripCast(n)
 	if p := n.GetParamRef(); p != nil {
