@@ -13,7 +13,7 @@ func TestAnalyzeCommand(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "quma.json")
 	var stdout bytes.Buffer
-	err := runAnalyze([]string{"--schema", "testdata/rubis/schema.sql", "--templates", "testdata/rubis/templates.sql", "--format", "json", "-o", out}, &stdout)
+	err := runAnalyze([]string{"--schema", "testdata/rubis/schema.sql", "--templates", "../bench/rubis/datagen/templates.sql", "--format", "json", "-o", out}, &stdout)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,8 @@ type App struct {
 	mux *http.ServeMux
 }
 
-// Interactions are the 27 emulator states, by path.
+// Interactions are the 27 emulator states, by path, in the order of the
+// original transition tables' columns (package mix walks them).
 var Interactions = []string{
 	"Home", "Register", "RegisterUser", "Browse", "BrowseCategories", "SearchItemsInCategory",
 	"BrowseRegions", "BrowseCategoriesInRegion", "SearchItemsInRegion", "ViewItem", "ViewUserInfo",

@@ -34,12 +34,7 @@ func TestSamePagesThroughLarder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(filepath.Join("..", "..", "..", "qumaana", "testdata", "rubis", "templates.sql"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	work, err := quma.ReadTemplates(f, "templates.sql")
-	f.Close()
+	work, err := quma.ReadTemplates(strings.NewReader(datagen.TemplatesSQL()), "templates.sql")
 	if err != nil {
 		t.Fatal(err)
 	}

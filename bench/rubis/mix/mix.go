@@ -15,19 +15,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/larderdb/larder/bench/rubis/app"
 )
 
 //go:embed bidding_transitions.tsv browsing_transitions.tsv
 var tables embed.FS
 
-// States are the 27 pages, in the tables' order, named as the application's paths.
-var States = []string{
-	"Home", "Register", "RegisterUser", "Browse", "BrowseCategories", "SearchItemsInCategory",
-	"BrowseRegions", "BrowseCategoriesInRegion", "SearchItemsInRegion", "ViewItem", "ViewUserInfo",
-	"ViewBidHistory", "BuyNowAuth", "BuyNow", "StoreBuyNow", "PutBidAuth", "PutBid", "StoreBid",
-	"PutCommentAuth", "PutComment", "StoreComment", "Sell", "SelectCategoryToSellItem", "SellItemForm",
-	"RegisterItem", "AboutMeAuth", "AboutMe",
-}
+// States are the 27 pages, in the tables' order: the application's paths.
+var States = app.Interactions
 
 // Writing pages.
 var Writes = map[string]bool{"RegisterUser": true, "StoreBuyNow": true, "StoreBid": true, "StoreComment": true, "RegisterItem": true}

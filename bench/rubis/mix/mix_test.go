@@ -66,3 +66,9 @@ func TestParseRejects(t *testing.T) {
 		t.Fatal("an empty table was accepted")
 	}
 }
+
+func TestStatesAreTheTablesColumns(t *testing.T) {
+	if len(States) != numStates {
+		t.Fatalf("%d states, the tables have %d columns", len(States), numStates)
+	}
+}
