@@ -56,17 +56,12 @@ WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 AND 
 
 // itemSections renders an item, its bids and its seller (ViewItem, PutBid).
 func (a *App) itemSections(q *req, tx *sql.Tx, id int) error {
-	item, err := query(q, tx, "Item", "SELECT * FROM items WHERE id = $1", id)
+	item, err := itemOrOld(q, tx, "*", id)
 	if err != nil {
 		return err
 	}
 	if len(item.Rows) == 0 {
-		if item, err = query(q, tx, "Item", "SELECT * FROM old_items WHERE id = $1", id); err != nil {
-			return err
-		}
-		if len(item.Rows) == 0 {
-			return notFound(q, "item "+strconv.Itoa(id))
-		}
+		return notFound(q, "item "+strconv.Itoa(id))
 	}
 	q.page.Sections = append(q.page.Sections, item)
 	if err := q.add(query(q, tx, "Highest bid", "SELECT MAX(bid) FROM bids WHERE item_id = $1", id)); err != nil {
@@ -83,6 +78,16 @@ func (a *App) itemSections(q *req, tx *sql.Tx, id int) error {
 	}
 	seller, _ := strconv.Atoi(column(item, "seller")[0])
 	return q.add(query(q, tx, "Seller", "SELECT nickname FROM users WHERE id = $1", seller))
+}
+
+// itemOrOld reads columns of an item, from old_items when it is no longer
+// open (as RUBiS does).
+func itemOrOld(q *req, tx *sql.Tx, columns string, id int) (section, error) {
+	item, err := query(q, tx, "Item", "SELECT "+columns+" FROM items WHERE id = $1", id)
+	if err != nil || len(item.Rows) > 0 {
+		return item, err
+	}
+	return query(q, tx, "Item", "SELECT "+columns+" FROM old_items WHERE id = $1", id)
 }
 
 func (a *App) viewItem(q *req) error {
@@ -136,14 +141,9 @@ func (a *App) viewBidHistory(q *req) error {
 		return err
 	}
 	return a.read(q, func(tx *sql.Tx) error {
-		name, err := query(q, tx, "Item", "SELECT name FROM items WHERE id = $1", id)
+		name, err := itemOrOld(q, tx, "name", id)
 		if err != nil {
 			return err
-		}
-		if len(name.Rows) == 0 {
-			if name, err = query(q, tx, "Item", "SELECT name FROM old_items WHERE id = $1", id); err != nil {
-				return err
-			}
 		}
 		q.page.Sections = append(q.page.Sections, name)
 		bids, err := query(q, tx, "Bids", "SELECT * FROM bids WHERE item_id = $1 ORDER BY date DESC", id)
