@@ -96,7 +96,7 @@ func analyzeSQL(schema *Schema, sql string, sets map[string][][]string) (t *Temp
 	n := stmts[0].GetStmt()
 	if sel := n.GetSelectStmt(); sel != nil {
 		t.Kind = KindQuery
-		an := &analysis{schema: schema}
+		an := &analysis{schema: schema, root: n}
 		an.selectStmt(sel, nil)
 		an.checkCacheable(n)
 		t.Writes = writesOf(schema, n) // data-modifying CTEs

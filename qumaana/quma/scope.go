@@ -101,6 +101,27 @@ type analysis struct {
 	uncacheable []string
 	rewrite     string
 	depth       int
+	// outputNames are the select lists' aliases anywhere in the statement
+	// (ORDER BY and GROUP BY may name them); nil until first needed.
+	root        proto.Message
+	outputNames map[string]bool
+}
+
+// isOutputName reports whether name is a select-list alias of the
+// statement.
+func (a *analysis) isOutputName(name string) bool {
+	if a.outputNames == nil {
+		a.outputNames = map[string]bool{}
+		if a.root != nil {
+			walk(a.root, func(m proto.Message) bool {
+				if rt, ok := m.(*pg.ResTarget); ok && rt.GetName() != "" {
+					a.outputNames[rt.GetName()] = true
+				}
+				return true
+			})
+		}
+	}
+	return a.outputNames[name]
 }
 
 const maxDepth = 64 // nesting of subqueries and views; deeper is refused, never a stack overflow
@@ -685,6 +706,11 @@ func (a *analysis) resolveRead(cr *pg.ColumnRef, sc *scope) {
 					if last == "*" {
 						r.all = true
 					} else {
+						if r.table != nil && r.table.Column(last) == nil {
+							// PostgreSQL would refuse it, or read a function
+							// in attribute notation: nothing to cache.
+							a.refuse("unknown column %s.%s", qual, last)
+						}
 						r.read(last)
 					}
 				}
@@ -725,6 +751,23 @@ func (a *analysis) resolveRead(cr *pg.ColumnRef, sc *scope) {
 			}
 		}
 	}
+	// No table of any scope has the column: a select-list alias, or a
+	// column the schema does not know (then the schema is older than
+	// the query, or the query fails): nothing to cache.
+	if !a.isOutputName(last) && !anyOpaque(sc) {
+		a.refuse("unknown column %s", last)
+	}
+}
+
+// anyOpaque reports whether sc or a scope around it has sources whose
+// columns are not known (functions, VALUES, unknown tables).
+func anyOpaque(sc *scope) bool {
+	for s := sc; s != nil; s = s.parent {
+		if s.anyOpaq || hasUnknown(s.rels) {
+			return true
+		}
+	}
+	return false
 }
 
 func hasUnknown(rs []*relRef) bool {
