@@ -2,13 +2,11 @@ package larder
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -41,31 +40,33 @@ type Config struct {
 	Staleness time.Duration
 	// L1Bytes is the in-process cache's byte budget (0: no L1).
 	L1Bytes int64
-	// KeySettings names settings (besides the role and search_path, which
-	// always count) whose values change results — row-level-security
-	// variables such as app.tenant_id. Their values at connect time go into
-	// every key, so a result is never served to a session that could not
-	// have read it.
-	KeySettings []string
-	Log         *slog.Logger
-	Metrics     prometheus.Registerer // may be nil
-	// IgnoreConsistency is for measurements only (the "no consistency"
-	// ablation of the benchmarks): hits do not narrow the transaction's
-	// snapshot, so results may mix snapshots within the staleness limit.
-	IgnoreConsistency bool
+	Log     *slog.Logger
+	Metrics prometheus.Registerer // may be nil
+	// UnsafeIgnoreConsistency is for measurements only (the "no
+	// consistency" ablation of the benchmarks): hits do not narrow the
+	// transaction's snapshot, so results may mix snapshots within the
+	// staleness limit. Never set it for an application.
+	UnsafeIgnoreConsistency bool
 }
 
 // Client is a connection to PostgreSQL through Larder.
 type Client struct {
-	cfg      Config
-	pool     *pgxpool.Pool
-	nc       *nats.Conn
-	pins     *pinTracker
-	nodes    []*protocol.Client
-	analyzer *quma.Analyzer
-	l1       *store.Memory
-	maps     sync.Pool
-	puts     sync.WaitGroup
+	cfg   Config
+	pool  *pgxpool.Pool
+	nc    *nats.Conn
+	pins  *pinTracker
+	nodes []*protocol.Client
+	// keying is the live schema and the invalidator's coverage; epoch
+	// counts its reloads (sessions read their scope again after one).
+	keying     atomic.Pointer[keying]
+	epoch      atomic.Uint64
+	fileSchema *quma.Schema
+	wantSets   map[string][][]string
+	stop       chan struct{}
+	bg         sync.WaitGroup
+	l1         *store.Memory
+	maps       sync.Pool
+	puts       sync.WaitGroup
 
 	// minLSN: read-only transactions of this client use timestamps at or
 	// after it (read your writes).
@@ -73,9 +74,9 @@ type Client struct {
 	stats  Stats
 	flight singleflight.Group
 	m      *clientMetrics
-	// keyScope identifies what changes results besides the query: the
-	// role, search_path and KeySettings, as PostgreSQL reports them.
-	keyScope string
+	// poolScope identifies what changes results besides the query, for
+	// the pool's sessions: the roles and every setting (readScope).
+	poolScope atomic.Pointer[sessionScope]
 }
 
 // Stats counts what the client did.
@@ -128,10 +129,12 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	if c.pool, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
 		return nil, fmt.Errorf("larder: %w", err)
 	}
-	if c.keyScope, err = readKeyScope(ctx, c.pool, cfg.KeySettings); err != nil {
+	scope, err := readScope(ctx, c.pool)
+	if err != nil {
 		c.pool.Close()
 		return nil, err
 	}
+	c.poolScope.Store(&scope)
 	if c.nc, err = nats.Connect(cfg.NATSURL, nats.Name("larder-client"), nats.MaxReconnects(-1)); err != nil {
 		c.pool.Close()
 		return nil, fmt.Errorf("larder: NATS: %w", err)
@@ -140,84 +143,97 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 		c.Close()
 		return nil, err
 	}
-	c.analyzer = quma.NewAnalyzer(sol.Schema, publishedSets(ctx, c.nc, cfg, sol.TagSets()))
+	c.fileSchema, c.wantSets = sol.Schema, sol.TagSets()
+	k, err := c.loadKeying(ctx, 10*time.Second)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.keying.Store(k)
 	for _, addr := range cfg.Nodes {
 		c.nodes = append(c.nodes, protocol.NewClient(addr, 8))
 	}
+	c.stop = make(chan struct{})
+	c.bg.Add(1)
+	go c.followSchema()
 	return c, nil
 }
 
-// publishedSets keeps, of the QUMA file's tag column sets, those the
-// invalidator says it publishes: a result keyed on a set it does not
-// publish would never be invalidated. When the invalidator cannot be asked,
-// no set is kept: every result then depends on table tags, which every
-// write publishes.
-func publishedSets(ctx context.Context, nc *nats.Conn, cfg Config, want map[string][][]string) map[string][][]string {
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var have map[string][][]string
-	for rctx.Err() == nil {
-		// The invalidator answers once it has read the catalogs: ask again
-		// until then.
-		actx, acancel := context.WithTimeout(rctx, 250*time.Millisecond)
-		msg, err := nc.RequestWithContext(actx, invalidation.TagSetsSubject(cfg.Prefix), nil)
-		acancel()
-		if err == nil && json.Unmarshal(msg.Data, &have) == nil {
-			break
-		}
-		have = nil
-		cfg.Log.Debug("larder: asking the invalidator for its tag column sets", "err", err)
-		time.Sleep(50 * time.Millisecond)
+// followSchema reloads the schema and the invalidator's coverage when the
+// invalidator announces a schema change, and keeps asking while it has
+// not said what it covers.
+func (c *Client) followSchema() {
+	defer c.bg.Done()
+	changed := make(chan *nats.Msg, 16)
+	sub, err := c.nc.ChanSubscribe(schemaChangedSubject(c.cfg.Prefix), changed)
+	if err != nil {
+		c.cfg.Log.Warn("larder: cannot follow schema changes; nothing is cached", "err", err)
+		c.keying.Store(&keying{schema: quma.NewSchema(), byPath: map[string]*quma.Analyzer{}})
+		return
 	}
-	if have == nil {
-		cfg.Log.Warn("larder: the invalidator did not say which tag column sets it publishes: caching with table tags only")
-		return nil
-	}
-	out := map[string][][]string{}
-	for table, sets := range want {
-		for _, set := range sets {
-			if containsSet(have[table], set) {
-				out[table] = append(out[table], set)
-			} else {
-				cfg.Log.Warn("larder: the invalidator does not publish this tag column set; results use the table tag instead", "table", table, "columns", strings.Join(set, ","))
+	defer func() { _ = sub.Unsubscribe() }()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-changed:
+			for len(changed) > 0 { // one reload for a burst of DDL
+				<-changed
+			}
+			c.refreshKeying(context.Background(), "schema change")
+		case <-tick.C:
+			if c.keying.Load().covered == nil {
+				c.refreshKeying(context.Background(), "coverage unknown")
 			}
 		}
 	}
-	return out
 }
 
-func containsSet(sets [][]string, set []string) bool {
-	for _, s := range sets {
-		if slices.Equal(s, set) {
-			return true
-		}
-	}
-	return false
+// sessionScope is what a session's results depend on besides the
+// statement: key names the roles and every setting; path is the search
+// path as PostgreSQL resolves it for the session (current_schemas).
+type sessionScope struct {
+	key  string
+	path []string
 }
 
-// readKeyScope reads the session state that changes results.
-func readKeyScope(ctx context.Context, pool *pgxpool.Pool, settings []string) (string, error) {
-	var role, path string
-	if err := pool.QueryRow(ctx, "SELECT current_user, current_setting('search_path')").Scan(&role, &path); err != nil {
-		return "", fmt.Errorf("larder: read the session's role: %w", err)
+// scopeSQL reads a session's scope: the current and session roles and
+// every setting, custom ones (RLS variables such as app.tenant) included,
+// hashed, and the resolved search path. Only settings that cannot change
+// a result are left out: the client's name and the transaction-scoped ones
+// (it is read outside transactions).
+const scopeSQL = `SELECT current_user || E'\n' || session_user || E'\n' || coalesce(encode(sha256(convert_to(
+  string_agg(name || '=' || coalesce(setting, ''), E'\n' ORDER BY name), 'UTF8')), 'hex'), ''),
+  pg_catalog.current_schemas(false)::text[]
+FROM pg_settings
+WHERE name NOT IN ('application_name', 'transaction_isolation', 'transaction_read_only', 'transaction_deferrable')`
+
+// dbConn is what a read-only transaction needs of a PostgreSQL session:
+// a pooled connection (native API) or a database/sql connection's own.
+type dbConn interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// readScope reads the session state that changes results (scopeSQL).
+func readScope(ctx context.Context, conn dbConn) (sessionScope, error) {
+	var sc sessionScope
+	if err := conn.QueryRow(ctx, scopeSQL).Scan(&sc.key, &sc.path); err != nil {
+		return sc, fmt.Errorf("larder: read the session's roles and settings: %w", err)
 	}
-	scope := "role=" + role + "\x00search_path=" + path
-	for _, name := range settings {
-		var v *string
-		if err := pool.QueryRow(ctx, "SELECT current_setting($1, true)", name).Scan(&v); err != nil {
-			return "", fmt.Errorf("larder: read setting %s: %w", name, err)
-		}
-		val := "<unset>"
-		if v != nil {
-			val = "=" + *v
-		}
-		scope += "\x00" + name + val
-	}
-	return scope, nil
+	sc.key += "\n" + strings.Join(sc.path, ",")
+	return sc, nil
 }
 
 // Close waits for pending puts and closes every connection.
 func (c *Client) Close() {
+	if c.stop != nil {
+		close(c.stop)
+		c.bg.Wait()
+	}
 	c.puts.Wait()
 	for _, n := range c.nodes {
 		n.Close()
@@ -270,20 +286,45 @@ type RWTx struct {
 // Commit commits and records the commit's WAL position: later read-only
 // transactions of the client see this transaction.
 func (t *RWTx) Commit(ctx context.Context) error {
-	defer t.conn.Release()
+	defer t.release(ctx)
 	if err := t.Tx.Commit(ctx); err != nil {
 		return err
 	}
-	var s string
-	if err := t.conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&s); err != nil {
-		return fmt.Errorf("larder: committed, but reading the WAL position failed: %w", err)
-	}
-	lsn, err := pglogrepl.ParseLSN(s)
+	lsn, err := walAfterCommit(ctx, t.conn)
 	if err != nil {
 		return err
 	}
-	t.c.sawCommit(uint64(lsn))
+	t.c.sawCommit(lsn)
 	return nil
+}
+
+// walAfterCommit reads the WAL insert position after a commit: the
+// commit's record is before it.
+func walAfterCommit(ctx context.Context, conn dbConn) (uint64, error) {
+	var s string
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&s); err != nil {
+		return 0, fmt.Errorf("larder: committed, but reading the WAL position failed: %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		return 0, fmt.Errorf("larder: committed, but the WAL position %q: %w", s, err)
+	}
+	return uint64(lsn), nil
+}
+
+// release gives the connection back to the pool, unless the transaction
+// changed the session (a SET, SET ROLE): pooled read-only transactions
+// are keyed on the pool's session state, so such a connection is closed.
+func (t *RWTx) release(ctx context.Context) {
+	if t.conn.Conn().PgConn().TxStatus() == 'I' {
+		if scope, err := readScope(ctx, t.conn); err == nil && scope.key == t.c.poolScope.Load().key {
+			t.conn.Release()
+			return
+		}
+	}
+	t.c.m.sessionsDropped.Inc()
+	pc := t.conn.Hijack()
+	_ = pc.Close(ctx)
 }
 
 // sawCommit raises the minimum timestamp of later read-only transactions.
@@ -298,7 +339,7 @@ func (c *Client) sawCommit(lsn uint64) {
 
 // Rollback rolls back.
 func (t *RWTx) Rollback(ctx context.Context) error {
-	defer t.conn.Release()
+	defer t.release(ctx)
 	return t.Tx.Rollback(ctx)
 }
 

@@ -6,14 +6,13 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 )
@@ -29,8 +28,7 @@ func init() { sql.Register(DriverName, registered) }
 // larder.* query parameters configure the cache: larder.nats (NATS URL),
 // larder.nodes (comma-separated cache-node addresses), larder.quma (the
 // QUMA file), larder.staleness (a Go duration), larder.l1 (L1 bytes),
-// larder.prefix (NATS subject prefix); larder.ignore-consistency=true is the
-// benchmarks' ablation and nothing else. A read-only transaction
+// larder.prefix (NATS subject prefix). A read-only transaction
 // (sql.TxOptions{ReadOnly: true}) is a cached read-only transaction;
 // everything else is plain PostgreSQL through pgx.
 type Driver struct {
@@ -60,20 +58,54 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 	return &connector{d: d, dsn: dsn, cfg: cfg, pg: stdlib.GetConnector(*pgcfg)}, nil
 }
 
+// UnsafeAblationParam is the DSN parameter of the benchmarks' "no
+// consistency" ablation. The driver refuses it unless the program called
+// EnableUnsafeBenchmarkAblation first: no application turns it on by a
+// DSN alone.
+const UnsafeAblationParam = "larder.unsafe-ignore-consistency-benchmark-only"
+
+var unsafeAblationEnabled atomic.Bool
+
+// EnableUnsafeBenchmarkAblation lets DSNs carry UnsafeAblationParam. It is
+// for measuring what consistency costs, never for serving users: results
+// of one transaction may then come from different snapshots.
+func EnableUnsafeBenchmarkAblation() { unsafeAblationEnabled.Store(true) }
+
 // ParseDSN splits a DSN into the client configuration (PostgresURL holds
-// the URL without the larder.* parameters).
+// the URL without the larder.* parameters, every other parameter exactly
+// as written).
 func ParseDSN(dsn string) (Config, error) {
 	var cfg Config
 	u, err := url.Parse(dsn)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return cfg, fmt.Errorf("larder: the DSN must be a postgres:// URL with larder.* parameters")
 	}
-	q := u.Query()
-	for k, vs := range q {
-		if !strings.HasPrefix(k, "larder.") {
+	// Walk the raw query: parameters that are not Larder's are kept byte
+	// for byte (re-encoding them would turn spaces into '+', which
+	// PostgreSQL's URL parser does not read back as spaces).
+	var keep []string
+	seen := map[string]bool{}
+	for _, part := range strings.Split(u.RawQuery, "&") {
+		if part == "" {
 			continue
 		}
-		v := vs[len(vs)-1]
+		rawKey, rawVal, _ := strings.Cut(part, "=")
+		k, err := url.QueryUnescape(rawKey)
+		if err != nil {
+			return cfg, fmt.Errorf("larder: DSN parameter %q: %w", rawKey, err)
+		}
+		if !strings.HasPrefix(k, "larder.") {
+			keep = append(keep, part)
+			continue
+		}
+		v, err := url.QueryUnescape(rawVal)
+		if err != nil {
+			return cfg, fmt.Errorf("larder: DSN parameter %s: %w", k, err)
+		}
+		if seen[k] {
+			return cfg, fmt.Errorf("larder: DSN parameter %s is given twice", k)
+		}
+		seen[k] = true
 		switch k {
 		case "larder.nats":
 			cfg.NATSURL = v
@@ -87,9 +119,14 @@ func ParseDSN(dsn string) (Config, error) {
 			cfg.QUMA = v
 		case "larder.prefix":
 			cfg.Prefix = v
-		case "larder.ignore-consistency":
-			// the benchmarks' "no consistency" ablation; never in production
-			cfg.IgnoreConsistency = v == "true"
+		case UnsafeAblationParam:
+			if !unsafeAblationEnabled.Load() {
+				return cfg, fmt.Errorf("larder: %s is a benchmark-only ablation that breaks consistency; the program must call larder.EnableUnsafeBenchmarkAblation() to accept it", k)
+			}
+			if v != "true" && v != "false" {
+				return cfg, fmt.Errorf("larder: %s=%q: want true or false", k, v)
+			}
+			cfg.UnsafeIgnoreConsistency = v == "true"
 		case "larder.staleness":
 			if cfg.Staleness, err = time.ParseDuration(v); err != nil || cfg.Staleness <= 0 {
 				return cfg, fmt.Errorf("larder: larder.staleness=%q: want a positive duration such as 30s", v)
@@ -101,12 +138,11 @@ func ParseDSN(dsn string) (Config, error) {
 		default:
 			return cfg, fmt.Errorf("larder: unknown DSN parameter %s", k)
 		}
-		q.Del(k)
 	}
 	if cfg.NATSURL == "" || cfg.QUMA == "" {
 		return cfg, errors.New("larder: the DSN needs larder.nats and larder.quma")
 	}
-	u.RawQuery = q.Encode()
+	u.RawQuery = strings.Join(keep, "&")
 	cfg.PostgresURL = u.String()
 	return cfg, nil
 }
@@ -129,7 +165,14 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &conn{Conn: pc.(*stdlib.Conn), c: cl}, nil
+	sc := pc.(*stdlib.Conn)
+	epoch := cl.epoch.Load()
+	scope, err := readScope(ctx, sc.Conn())
+	if err != nil {
+		_ = sc.Close()
+		return nil, err
+	}
+	return &conn{Conn: sc, c: cl, scope: scope, epoch: epoch}, nil
 }
 
 // client returns the DSN's Client, shared by every connection of it.
@@ -175,15 +218,24 @@ func WithStaleness(ctx context.Context, d time.Duration) context.Context {
 }
 
 // conn is a pgx database/sql connection whose read-only transactions go
-// through the cache.
+// through the cache, on this very connection: its session (role,
+// settings) is what they read with, and what their keys name.
 type conn struct {
 	*stdlib.Conn
 	c    *Client
 	ro   *ROTx
 	inRW bool // a read/write transaction is open
+	// scope is the session's key scope (readScope); stale after a
+	// statement that may have changed it (SET, SET ROLE, a function).
+	scope      sessionScope
+	scopeStale bool
+	epoch      uint64 // the client's keying epoch scope was read in
 }
 
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if c.ro != nil {
+		return nil, errors.New("larder: a transaction is already open on this connection")
+	}
 	if !opts.ReadOnly {
 		tx, err := c.Conn.BeginTx(ctx, opts)
 		if err != nil {
@@ -192,11 +244,16 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		c.inRW = true
 		return &rwTx{Tx: tx, c: c}, nil
 	}
-	if c.ro != nil {
-		return nil, errors.New("larder: a transaction is already open on this connection")
+	if epoch := c.c.epoch.Load(); c.scopeStale || epoch != c.epoch {
+		scope, err := readScope(ctx, c.Conn.Conn())
+		if err != nil {
+			return nil, err
+		}
+		c.scope, c.scopeStale, c.epoch = scope, false, epoch
+		c.c.m.scopeReads.Inc()
 	}
 	staleness, _ := ctx.Value(stalenessKey{}).(time.Duration)
-	ro, err := c.c.BeginRO(ctx, staleness)
+	ro, err := c.c.beginRO(ctx, staleness, c.Conn.Conn(), c.scope)
 	if err != nil {
 		return nil, err
 	}
@@ -204,27 +261,50 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	return roDriverTx{c: c}, nil
 }
 
+// pureRead reports whether a statement can neither write nor change the
+// session: a query qumaana finds cacheable (no writes, no volatile or
+// unknown functions). Anything else may have done either.
+func (c *conn) pureRead(query string) bool {
+	tpl, err := c.c.keying.Load().analyzer(c.scope.path).Prepare(query)
+	return err == nil && tpl.Cacheable
+}
+
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if c.ro == nil {
-		return c.Conn.QueryContext(ctx, query, args)
+	if c.ro != nil {
+		vals := make([]any, len(args))
+		for i, a := range args {
+			vals[i] = a.Value
+		}
+		rows, err := c.ro.Query(ctx, query, vals...)
+		if err != nil {
+			return nil, err
+		}
+		return newCachedRows(rows, c.Conn.Conn().TypeMap()), nil
 	}
-	vals := make([]any, len(args))
-	for i, a := range args {
-		vals[i] = a.Value
+	pure := c.pureRead(query)
+	if !pure {
+		c.scopeStale = true
 	}
-	rows, err := c.ro.Query(ctx, query, vals...)
-	if err != nil {
-		return nil, err
+	rows, err := c.Conn.QueryContext(ctx, query, args)
+	if err != nil || pure || c.inRW {
+		return rows, err
 	}
-	return &driverRows{r: rows}, nil
+	// An autocommitted statement that may write (UPDATE … RETURNING, a
+	// function): it has committed once its rows are read; later
+	// read-only transactions must see it.
+	return &writingRows{Rows: rows.(*stdlib.Rows), c: c, ctx: ctx}, nil
 }
 
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	if c.ro != nil {
 		return nil, errors.New("larder: a read-only transaction cannot execute statements that write")
 	}
+	pure := c.pureRead(query)
+	if !pure {
+		c.scopeStale = true
+	}
 	res, err := c.Conn.ExecContext(ctx, query, args)
-	if err == nil && !c.inRW {
+	if err == nil && !c.inRW && !pure {
 		// An autocommitted statement: later read-only transactions see it.
 		if err := c.noteWritten(ctx); err != nil {
 			return nil, err
@@ -235,23 +315,84 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 
 // noteWritten records the WAL position after a commit (read your writes).
 func (c *conn) noteWritten(ctx context.Context) error {
-	var s string
-	if err := c.Conn.Conn().QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&s); err != nil {
-		return fmt.Errorf("larder: committed, but reading the WAL position failed: %w", err)
-	}
-	lsn, err := pglogrepl.ParseLSN(s)
+	lsn, err := walAfterCommit(ctx, c.Conn.Conn())
 	if err != nil {
 		return err
 	}
-	c.c.sawCommit(uint64(lsn))
+	c.c.sawCommit(lsn)
 	return nil
 }
 
+// PrepareContext prepares a statement whose executions take the same
+// paths as the connection's: cached in a read-only transaction, recorded
+// for read-your-writes outside one.
 func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
 	if c.ro != nil {
-		return nil, errors.New("larder: prepared statements are not supported in read-only transactions; use QueryContext")
+		return &stmt{c: c, query: query, numInput: -1}, nil
 	}
-	return c.Conn.PrepareContext(ctx, query)
+	ps, err := c.Conn.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return &stmt{c: c, query: query, ps: ps, numInput: ps.NumInput()}, nil
+}
+
+// stmt is a prepared statement of a conn.
+type stmt struct {
+	c        *conn
+	query    string
+	ps       driver.Stmt // PostgreSQL's, when prepared outside a read-only transaction
+	numInput int
+}
+
+func (s *stmt) Close() error {
+	if s.ps != nil {
+		return s.ps.Close()
+	}
+	return nil
+}
+
+func (s *stmt) NumInput() int { return s.numInput }
+
+func (s *stmt) Exec([]driver.Value) (driver.Result, error) {
+	return nil, errors.New("larder: Stmt.Exec without a context is not supported; database/sql uses ExecContext")
+}
+
+func (s *stmt) Query([]driver.Value) (driver.Rows, error) {
+	return nil, errors.New("larder: Stmt.Query without a context is not supported; database/sql uses QueryContext")
+}
+
+func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	return s.c.ExecContext(ctx, s.query, args)
+}
+
+func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	return s.c.QueryContext(ctx, s.query, args)
+}
+
+// writingRows records the commit of an autocommitted statement that
+// returns rows once they are closed (the connection is busy until then).
+type writingRows struct {
+	*stdlib.Rows
+	c      *conn
+	ctx    context.Context
+	closed bool
+}
+
+func (r *writingRows) Close() error {
+	err := r.Rows.Close()
+	if r.closed {
+		return err
+	}
+	r.closed = true
+	if err != nil {
+		return err
+	}
+	// The statement's own context may be over (database/sql closes rows
+	// when it is cancelled): the position is read on a fresh one.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 10*time.Second)
+	defer cancel()
+	return r.c.noteWritten(ctx)
 }
 
 type roDriverTx struct{ c *conn }
@@ -276,6 +417,7 @@ type rwTx struct {
 
 func (t *rwTx) Commit() error {
 	t.c.inRW = false
+	t.c.scopeStale = true // SET inside the transaction persists
 	if err := t.Tx.Commit(); err != nil {
 		return err
 	}
@@ -285,55 +427,4 @@ func (t *rwTx) Commit() error {
 func (t *rwTx) Rollback() error {
 	t.c.inRW = false
 	return t.Tx.Rollback()
-}
-
-// driverRows adapts Rows to database/sql.
-type driverRows struct{ r *Rows }
-
-func (d *driverRows) Columns() []string {
-	out := make([]string, len(d.r.res.Fields))
-	for i, f := range d.r.res.Fields {
-		out[i] = f.Name
-	}
-	return out
-}
-
-func (d *driverRows) Close() error { d.r.Close(); return nil }
-
-func (d *driverRows) Next(dest []driver.Value) error {
-	if !d.r.Next() {
-		return io.EOF
-	}
-	vals, err := d.r.Values()
-	if err != nil {
-		return err
-	}
-	for i, v := range vals {
-		dest[i] = toDriverValue(v)
-	}
-	return nil
-}
-
-func toDriverValue(v any) driver.Value {
-	switch x := v.(type) {
-	case nil, int64, float64, bool, []byte, string, time.Time:
-		return x
-	case int:
-		return int64(x)
-	case int8:
-		return int64(x)
-	case int16:
-		return int64(x)
-	case int32:
-		return int64(x)
-	case uint32:
-		return int64(x)
-	case float32:
-		return float64(x)
-	case driver.Valuer:
-		if dv, err := x.Value(); err == nil {
-			return dv
-		}
-	}
-	return fmt.Sprint(v)
 }

@@ -2,7 +2,6 @@ package larder
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"time"
@@ -34,8 +33,14 @@ type ROTx struct {
 	cands []invalidation.Pin // usable pins, by LSN
 	// Once a query ran on PostgreSQL the transaction is fixed at a pin,
 	// in a transaction open on conn.
-	conn  *pgxpool.Conn
+	conn  dbConn
 	fixed bool
+	// session is the database/sql connection the transaction runs on (its
+	// session's settings count); nil: a connection from the client's pool.
+	session *pgx.Conn
+	pooled  *pgxpool.Conn
+	// scope is the key scope of the session (readScope).
+	scope sessionScope
 	ts    uint64
 	// fallback: no pin was usable; the transaction runs on a fresh
 	// snapshot, without the cache.
@@ -49,10 +54,16 @@ type ROTx struct {
 // BeginRO starts a read-only transaction with a staleness limit (0: the
 // client's default).
 func (c *Client) BeginRO(ctx context.Context, staleness time.Duration) (*ROTx, error) {
+	return c.beginRO(ctx, staleness, nil, *c.poolScope.Load())
+}
+
+// beginRO starts a read-only transaction on session (nil: the pool),
+// whose key scope is scope.
+func (c *Client) beginRO(ctx context.Context, staleness time.Duration, session *pgx.Conn, scope sessionScope) (*ROTx, error) {
 	if staleness <= 0 {
 		staleness = c.cfg.Staleness
 	}
-	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap)}
+	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), session: session, scope: scope}
 	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN.Load())
 	if len(t.cands) == 0 {
 		// No pin fits: a snapshot taken now, placed by the pincushion.
@@ -121,9 +132,7 @@ FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
 	}
 	if err != nil || !reply.OK {
 		if !last {
-			_, _ = t.conn.Exec(ctx, "ROLLBACK")
-			t.conn.Release()
-			t.conn = nil
+			_ = t.closeConn(ctx)
 			return false, nil
 		}
 		t.fallback = true
@@ -139,28 +148,45 @@ FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
 
 // begin opens the PostgreSQL transaction, at a snapshot when one is given.
 func (t *ROTx) begin(ctx context.Context, snapshot string) error {
-	conn, err := t.c.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("larder: %w", err)
-	}
 	// One round trip: BEGIN and SET TRANSACTION SNAPSHOT as one simple
 	// query (the snapshot id comes from the pin format, which allows only
 	// [0-9A-Za-z_-]).
 	sql := "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 	if snapshot != "" {
 		if err := invalidation.PinValidSnapshotID(snapshot); err != nil {
-			conn.Release()
 			return err
 		}
 		sql += "; SET TRANSACTION SNAPSHOT '" + snapshot + "'"
 	}
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		_, _ = conn.Exec(ctx, "ROLLBACK")
-		conn.Release()
+	if t.session != nil {
+		t.conn = t.session
+	} else {
+		conn, err := t.c.pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("larder: %w", err)
+		}
+		t.pooled, t.conn = conn, conn
+	}
+	if _, err := t.conn.Exec(ctx, sql); err != nil {
+		_ = t.closeConn(ctx)
 		return err
 	}
-	t.conn = conn
 	return nil
+}
+
+// closeConn ends the PostgreSQL transaction (read-only: nothing to keep)
+// and gives a pooled connection back.
+func (t *ROTx) closeConn(ctx context.Context) error {
+	if t.conn == nil {
+		return nil
+	}
+	_, err := t.conn.Exec(ctx, "ROLLBACK")
+	if t.pooled != nil {
+		t.pooled.Release()
+		t.pooled = nil
+	}
+	t.conn = nil
+	return err
 }
 
 // fix runs the transaction's PostgreSQL part at the newest usable pin.
@@ -233,7 +259,8 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if t.fallback {
 		return t.onDB(ctx, sql, args)
 	}
-	tpl, err := t.c.analyzer.Prepare(sql)
+	k := t.c.keying.Load()
+	tpl, err := k.analyzer(t.scope.path).Prepare(sql)
 	if err != nil || !tpl.Cacheable {
 		t.c.stats.Uncacheable.Add(1)
 		reason := "unparsable"
@@ -249,7 +276,21 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		t.c.m.uncacheable("parameters: " + err.Error())
 		return t.atSnapshot(ctx, sql, args)
 	}
-	key := t.c.key(tpl.ID, tpl.SQL, args)
+	tables := make([]string, 0, len(qtags))
+	for _, q := range qtags {
+		tables = append(tables, q.Table)
+	}
+	if reason, ok := k.uncovered(tables); ok {
+		t.c.stats.Uncacheable.Add(1)
+		t.c.m.uncacheable(reason)
+		return t.atSnapshot(ctx, sql, args)
+	}
+	key, err := t.c.key(t.scope.key, sql, args)
+	if err != nil {
+		t.c.stats.Uncacheable.Add(1)
+		t.c.m.uncacheable("parameters: cannot be keyed")
+		return t.atSnapshot(ctx, sql, args)
+	}
 	tmin, tmax := t.Range()
 
 	if t.c.l1 != nil {
@@ -330,7 +371,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 // narrow keeps the candidate pins inside [lo, hi); a hit that leaves
 // none is not used.
 func (t *ROTx) narrow(lo, hi uint64) bool {
-	if skipNarrowForTest || t.c.cfg.IgnoreConsistency {
+	if skipNarrowForTest || t.c.cfg.UnsafeIgnoreConsistency {
 		return true
 	}
 	var kept []invalidation.Pin
@@ -377,12 +418,7 @@ func (t *ROTx) finish(ctx context.Context) error {
 		return nil
 	}
 	t.done = true
-	var err error
-	if t.conn != nil {
-		_, err = t.conn.Exec(ctx, "ROLLBACK") // read-only: nothing to keep
-		t.conn.Release()
-		t.conn = nil
-	}
+	err := t.closeConn(ctx)
 	t.release()
 	return err
 }
@@ -392,15 +428,4 @@ func (t *ROTx) release() {
 		t.c.maps.Put(t.m)
 		t.m = nil
 	}
-}
-
-// key names a query's result: the role, the settings that change results,
-// the template and the parameter values.
-func (c *Client) key(templateID, sql string, args []any) []byte {
-	h := sha256.New()
-	fmt.Fprintf(h, "v1\x00%s\x00%s\x00%s\x00", c.keyScope, templateID, sql)
-	for _, a := range args {
-		fmt.Fprintf(h, "%T\x00%v\x00", a, a)
-	}
-	return h.Sum(nil)
 }

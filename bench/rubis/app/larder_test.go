@@ -83,7 +83,8 @@ func TestSamePagesThroughLarder(t *testing.T) {
 			q.Set("larder.nodes", node)
 		case "larder-nocons":
 			q.Set("larder.nodes", node)
-			q.Set("larder.ignore-consistency", "true")
+			larder.EnableUnsafeBenchmarkAblation()
+			q.Set(larder.UnsafeAblationParam, "true")
 		case "local-only":
 			q.Set("larder.l1", "8388608")
 		}

@@ -86,7 +86,9 @@ func open(mode, pg, dsn string) (*sql.DB, error) {
 		q := u.Query()
 		switch mode {
 		case "larder-nocons":
-			q.Set("larder.ignore-consistency", "true")
+			// The ablation that measures what consistency costs.
+			larder.EnableUnsafeBenchmarkAblation()
+			q.Set(larder.UnsafeAblationParam, "true")
 		case "local-only":
 			q.Del("larder.nodes")
 			if q.Get("larder.l1") == "" {

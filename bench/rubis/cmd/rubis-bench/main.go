@@ -231,7 +231,9 @@ func modeDSN(mode, label string, env map[string]string) string {
 	switch mode {
 	case "larder":
 	case "larder-nocons":
-		q.Set("larder.ignore-consistency", "true")
+		// The ablation that measures what consistency costs.
+		larder.EnableUnsafeBenchmarkAblation()
+		q.Set(larder.UnsafeAblationParam, "true")
 	case "local-only":
 		q.Del("larder.nodes")
 		q.Set("larder.l1", strconv.Itoa(256<<20))
