@@ -77,6 +77,15 @@ func (g *group) hits(e histEntry, d store.Dep) bool {
 // interval returns what the group proves about a result computed at
 // snapshot s that depends on it through d: valid on [lo, hi). It needs
 // the group confirmed.
+//
+// History is complete only after completeSince, and (while a replay runs)
+// only up to the watermark; the caller keeps lo at s for a snapshot beyond
+// the watermark. An entry at or before completeSince (a replayed message
+// older than what JetStream's last message proved) says nothing about what
+// followed it, so lo never drops below completeSince. hi may come from an
+// entry beyond the watermark while an older message is still to be
+// replayed: that is safe, since the backend shortens a closed version when
+// the older message arrives and never serves beyond the watermark.
 func (g *group) interval(s uint64, d store.Dep) (lo, hi uint64) {
 	lo, hi = 0, store.Open
 	if g.completeSince > s {
@@ -89,7 +98,7 @@ func (g *group) interval(s uint64, d store.Dep) (lo, hi uint64) {
 			continue
 		}
 		if e.lsn <= s {
-			lo = e.lsn
+			lo = max(lo, e.lsn)
 		} else {
 			return lo, e.lsn
 		}

@@ -69,9 +69,17 @@ type Node struct {
 	replaying      bool // a replay is running: the watermark waits for it
 	restorePending bool // restored groups wait for the first heartbeat to replay
 
-	confirmCh chan []*group
-	released  chan []string
-	wmAtomic  atomic.Uint64
+	// owedHi, when not 0, is the end a gap's EndOpen must still give
+	// every version (the backend refused it): until it does, lookups are
+	// served only below it, puts are refused, and nothing is settled.
+	owedHi uint64
+	legacy bool // store.OrderDependentForTest when made
+
+	confirmCh   chan []*group
+	released    chan []string
+	wmAtomic    atomic.Uint64
+	owedAtomic  atomic.Uint64 // owedHi, for lookups
+	backendLost atomic.Bool   // a backend call failed with store.ErrLost
 }
 
 // skipJetStreamCheckForTest breaks the node on purpose (groups are
@@ -113,13 +121,14 @@ func New(cfg Config) (*Node, error) {
 		subs:      map[string]*nats.Subscription{},
 		confirmCh: make(chan []*group, 1024),
 		released:  make(chan []string, 1024),
+		legacy:    store.OrderDependentForTest.Load(),
 	}
 	n.m = newMetrics(cfg.Metrics, n)
 	return n, nil
 }
 
 // OnRelease is the callback to give a memory backend: it tells the node
-// which groups no open version depends on any more.
+// which groups no unsettled version depends on any more.
 func (n *Node) OnRelease(names []string) {
 	select {
 	case n.released <- names:
@@ -159,8 +168,8 @@ func (n *Node) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); n.sweepLoop(ctx) }()
 	defer wg.Wait()
 
-	saveTick := time.NewTicker(time.Second)
-	defer saveTick.Stop()
+	settleTick := time.NewTicker(time.Second)
+	defer settleTick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -169,11 +178,14 @@ func (n *Node) Run(ctx context.Context) error {
 				_ = sub.Unsubscribe()
 				delete(n.subs, s)
 			}
+			n.settleLocked(context.Background())
 			n.mu.Unlock()
-			n.saveWatermark(context.Background())
 			return nil
-		case <-saveTick.C:
-			n.saveWatermark(ctx)
+		case <-settleTick.C:
+			n.mu.Lock()
+			n.recoverLocked(ctx)
+			n.settleLocked(ctx)
+			n.mu.Unlock()
 		case msg := <-n.events:
 			if err := n.handle(ctx, msg); err != nil {
 				return err
@@ -182,13 +194,40 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 }
 
-func (n *Node) saveWatermark(ctx context.Context) {
-	if p, ok := n.cfg.Backend.(store.Persistent); ok {
-		if wm := n.Watermark(); wm > 0 {
-			if err := p.SaveWatermark(ctx, wm); err != nil {
-				n.cfg.Log.Warn("save watermark", "err", err)
-			}
-		}
+// settleLocked tells the backend the watermark: versions closed at or
+// before it + 1 can no longer be shortened by an invalidation (every one up
+// to the watermark is applied), so they leave its indexes and their groups
+// may be released; a persistent backend saves the watermark with them.
+// Nothing is settled while a gap's EndOpen is owed: the backend has not
+// applied everything up to the watermark then.
+func (n *Node) settleLocked(ctx context.Context) {
+	if n.watermark == 0 || n.owedHi != 0 {
+		return
+	}
+	if err := n.cfg.Backend.Settle(ctx, n.watermark); err != nil {
+		n.backendErr(err)
+		n.cfg.Log.Warn("settle", "err", err)
+	}
+}
+
+// backendErr notes a backend whose server restarted under the node: the
+// next event handles it as a gap.
+func (n *Node) backendErr(err error) {
+	if !n.legacy && errors.Is(err, store.ErrLost) {
+		n.backendLost.Store(true)
+	}
+}
+
+// recoverLocked handles a backend that lost data (a gap: the backend ends
+// every version at the watermark it saved at the latest), and retries an
+// EndOpen the backend refused.
+func (n *Node) recoverLocked(ctx context.Context) {
+	if n.backendLost.Swap(false) {
+		n.gapLocked(ctx, "backend restarted")
+		return
+	}
+	if n.owedHi != 0 {
+		n.endOwedLocked(ctx)
 	}
 }
 
@@ -196,6 +235,7 @@ func (n *Node) saveWatermark(ctx context.Context) {
 func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.recoverLocked(ctx)
 	if len(n.events) >= cap(n.events)/2 {
 		// The queue may overflow (NATS then drops messages): whatever
 		// follows cannot be proved gapless.
@@ -282,27 +322,39 @@ func (n *Node) applyLocked(ctx context.Context, subject string, txn *invalidatio
 	}
 	g.record(txn.CommitLSN, mine, n.cfg.HistoryDepth)
 	if err := n.cfg.Backend.Invalidate(ctx, txn.CommitLSN, mine); err != nil {
+		n.backendErr(err)
 		return err
 	}
 	n.m.invalidations.Inc()
 	return nil
 }
 
-// gapLocked handles a possible gap in the stream: every open version ends
-// at the watermark + 1 (it stays usable for older snapshots), and every
-// group is forgotten and unsubscribed; new puts subscribe and confirm
-// again.
+// gapLocked handles a possible gap in the stream: every version, open or
+// closed, ends at the watermark + 1 at the latest (it stays usable for
+// older snapshots), and every group is forgotten and unsubscribed; new
+// puts subscribe and confirm again.
 func (n *Node) gapLocked(ctx context.Context, why string) {
 	n.endOpenLocked(ctx, why)
 }
 
-// endOpenLocked ends every open version at the watermark + 1 and forgets
-// every group.
+// endOpenLocked ends every version at the watermark + 1 at the latest and
+// forgets every group. When the backend refuses, the end is owed: retried
+// on every heartbeat, and meanwhile nothing is served at or beyond it.
 func (n *Node) endOpenLocked(ctx context.Context, why string) {
 	n.m.gaps.WithLabelValues(why).Inc()
-	n.cfg.Log.Warn("gap in the invalidation stream: open versions end at the watermark", "why", why, "watermark", n.watermark)
-	if err := n.cfg.Backend.EndOpen(ctx, n.watermark+1); err != nil {
-		n.cfg.Log.Error("end open versions", "err", err)
+	n.cfg.Log.Warn("gap in the invalidation stream: versions end at the watermark", "why", why, "watermark", n.watermark)
+	hi := n.watermark + 1
+	if n.owedHi != 0 {
+		hi = min(hi, n.owedHi)
+	}
+	if n.legacy {
+		if err := n.cfg.Backend.EndOpen(ctx, hi); err != nil {
+			n.cfg.Log.Error("end open versions", "err", err)
+		}
+	} else {
+		n.owedHi = hi
+		n.owedAtomic.Store(hi)
+		n.endOwedLocked(ctx)
 	}
 	for s, sub := range n.subs {
 		_ = sub.Unsubscribe()
@@ -319,8 +371,19 @@ func (n *Node) endOpenLocked(ctx context.Context, why string) {
 	n.m.groups.Set(0)
 }
 
+// endOwedLocked tries the owed EndOpen again.
+func (n *Node) endOwedLocked(ctx context.Context) {
+	if err := n.cfg.Backend.EndOpen(ctx, n.owedHi); err != nil {
+		n.m.errors.WithLabelValues("end").Inc()
+		n.cfg.Log.Error("end versions at a gap; retried on the next heartbeat, nothing served past it meanwhile", "hi", n.owedHi, "err", err)
+		return
+	}
+	n.owedHi = 0
+	n.owedAtomic.Store(0)
+}
+
 // restoreGroups, on a restart with a saved watermark, follows again the
-// groups of the open versions the backend kept, serving them up to the
+// groups of the unsettled versions the backend kept, serving them up to the
 // saved watermark until the replay of what happened since completes. It
 // reports false when that cannot be done (the caller then ends them).
 func (n *Node) restoreGroups(ctx context.Context, wm uint64) bool {
@@ -363,10 +426,17 @@ func cutTableName(name string) (string, bool) {
 	return t, ok && t != ""
 }
 
-// Lookup answers a lookup for timestamps in [tmin, tmax].
+// Lookup answers a lookup for timestamps in [tmin, tmax]. Nothing is
+// served beyond the watermark (nor, while a gap's end is owed, at or
+// beyond that end).
 func (n *Node) Lookup(ctx context.Context, key []byte, tmin, tmax uint64, template string) (store.Result, error) {
-	r, err := n.cfg.Backend.Lookup(ctx, key, tmin, tmax, n.Watermark())
+	wm := n.Watermark()
+	if owed := n.owedAtomic.Load(); owed != 0 {
+		wm = min(wm, owed-1)
+	}
+	r, err := n.cfg.Backend.Lookup(ctx, key, tmin, tmax, wm)
 	if err != nil {
+		n.backendErr(err)
 		n.m.errors.WithLabelValues("lookup").Inc()
 		return r, err
 	}
@@ -390,6 +460,9 @@ func (n *Node) Put(ctx context.Context, req PutRequest) error {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.owedHi != 0 {
+		return errors.New("node: a gap is not yet applied to the backend")
+	}
 	var gs []*group
 	var deps []store.Dep // aligned with gs
 	unconfirmed := 0
@@ -412,6 +485,7 @@ func (n *Node) Put(ctx context.Context, req PutRequest) error {
 		v.Pending = true
 	}
 	if err := n.cfg.Backend.Put(ctx, req.Key, &v); err != nil {
+		n.backendErr(err)
 		n.m.errors.WithLabelValues("put").Inc()
 		return err
 	}
@@ -565,6 +639,7 @@ func (n *Node) confirmLoop(ctx context.Context) {
 				if p.left == 0 {
 					lo, hi := n.intervalLocked(p.snapshot, p.groups, p.deps)
 					if err := n.cfg.Backend.Confirm(ctx, p.key, p.snapshot, lo, hi); err != nil {
+						n.backendErr(err)
 						n.cfg.Log.Warn("confirm version", "err", err)
 					}
 				}
@@ -600,7 +675,9 @@ func (n *Node) retryLater(batch []*group, err error) {
 	n.mu.Unlock()
 }
 
-// sweepLoop unsubscribes from groups no open version depends on.
+// sweepLoop unsubscribes from groups no unsettled version depends on
+// (Ferdinand's rule, with closed versions counted until they settle: a
+// late or replayed message of the group may still shorten them).
 func (n *Node) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
@@ -632,6 +709,7 @@ func (n *Node) unsubscribeUnheld(ctx context.Context, names []string) {
 	defer n.mu.Unlock()
 	held, err := n.cfg.Backend.Holds(ctx, names)
 	if err != nil {
+		n.backendErr(err)
 		return
 	}
 	for i, name := range names {

@@ -21,7 +21,10 @@ func parseU64(s string) (uint64, error) {
 }
 
 // Entry flags.
-const flagPending = 1
+const (
+	flagPending = 1
+	flagSettled = 2 // out of the index sets: no invalidation can change it
+)
 
 // encodeEntry is a version's directory entry: lo, hi, flags, size (4
 // bytes: v.Size for the key, saturated), then each dependency as

@@ -97,7 +97,7 @@ func (e *events) apply(ctx context.Context, name string) {
 		return
 	}
 	// An error leaves the version to the lazy cleanup.
-	_ = forgetEvictedScript.Run(ctx, e.s.rdb, nil, e.s.p, rest[8:], rest[:8]).Err()
+	_ = e.s.run(ctx, e.s.sc.forgetEvicted, nil, e.s.p, rest[8:], rest[:8]).Err()
 }
 
 // sync returns once every notification the server sent before it has been

@@ -2,11 +2,14 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -44,8 +47,19 @@ type Store struct {
 	p        string // Prefix + ":"
 	ttl      time.Duration
 	budget   int64 // 0: unknown or unlimited
+	ghosts   int64 // entries of the ring of evicted keys
 	baseline int64 // used_memory that is not the store's data, measured by New
 	ev       *events
+	sc       *scripts
+	legacy   bool // store.OrderDependentForTest when made
+
+	// lost is set when the server answered NOSCRIPT (it restarted): every
+	// operation fails with store.ErrLost until EndOpen. gen counts the
+	// losses: an operation that started before one is not trusted.
+	lost atomic.Bool
+	gen  atomic.Uint64
+	// recoverMu serializes EndOpen's reload of the scripts.
+	recoverMu sync.Mutex
 
 	closeOnce sync.Once
 }
@@ -97,7 +111,12 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if ttl < time.Millisecond {
 		return nil, fmt.Errorf("redisstore: TTL %v", ttl)
 	}
-	s := &Store{rdb: rdb, p: prefix + ":", ttl: ttl}
+	s := &Store{rdb: rdb, p: prefix + ":", ttl: ttl, legacy: store.OrderDependentForTest.Load()}
+	var token [12]byte
+	if _, err := rand.Read(token[:]); err != nil {
+		return nil, err
+	}
+	s.sc = newScripts(hex.EncodeToString(token[:]), s.legacy)
 
 	var notify string
 	if opts.MaxMemory > 0 {
@@ -115,13 +134,9 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		// notifications.
 		notify, _ = configGet(ctx, rdb, "notify-keyspace-events")
 	}
-	for _, sc := range allScripts {
-		if err := sc.Load(ctx, rdb).Err(); err != nil {
-			return nil, fmt.Errorf("redisstore: load scripts: %w", err)
-		}
-	}
-	if err := initGhostsScript.Run(ctx, rdb, []string{s.p + "g", s.p + "gi"}, ghostEntries(opts.MaxMemory)*4).Err(); err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
+	s.ghosts = ghostEntries(opts.MaxMemory)
+	if err := s.loadScripts(ctx); err != nil {
+		return nil, err
 	}
 	if evicted, expired := eventsOn(notify); evicted || expired {
 		var err error
@@ -152,6 +167,62 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		}
 	}
 	return s, nil
+}
+
+// loadScripts loads the store's scripts and sets up the ring of evicted
+// keys.
+func (s *Store) loadScripts(ctx context.Context) error {
+	if err := warmScript.Load(ctx, s.rdb).Err(); err != nil {
+		return fmt.Errorf("redisstore: load scripts: %w", err)
+	}
+	for _, sc := range s.sc.all {
+		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+			return fmt.Errorf("redisstore: load scripts: %w", err)
+		}
+	}
+	if err := initGhostsScript.Run(ctx, s.rdb, []string{s.p + "g", s.p + "gi"}, s.ghosts*4).Err(); err != nil {
+		return fmt.Errorf("redisstore: %w", err)
+	}
+	return nil
+}
+
+// errLost is what every operation returns while the store is lost.
+var errLost = fmt.Errorf("redisstore: %w", store.ErrLost)
+
+// run runs one of the store's scripts. It never loads a script: a NOSCRIPT
+// answer means the server lost them (a restart, a failover), so the store
+// is lost until EndOpen. An answer to an operation that began before a
+// loss is not trusted either (it may come from the new server). The
+// legacy store does what go-redis does: it loads the script and retries.
+func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if s.legacy {
+		return sc.Run(ctx, s.rdb, keys, args...)
+	}
+	gen := s.gen.Load()
+	if s.lost.Load() {
+		return lostCmd(ctx)
+	}
+	cmd := sc.EvalSha(ctx, s.rdb, keys, args...)
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		s.markLost()
+		return lostCmd(ctx)
+	}
+	if s.gen.Load() != gen || s.lost.Load() {
+		return lostCmd(ctx)
+	}
+	return cmd
+}
+
+func lostCmd(ctx context.Context) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(errLost)
+	return cmd
+}
+
+func (s *Store) markLost() {
+	if s.lost.CompareAndSwap(false, true) {
+		s.gen.Add(1)
+	}
 }
 
 // warm runs every command the store sends once (see warmSrc), and Stats
@@ -231,7 +302,11 @@ func (s *Store) wmKey() string                { return s.p + "wm" }
 
 // Lookup implements store.Backend.
 func (s *Store) Lookup(ctx context.Context, key []byte, tmin, tmax, watermark uint64) (store.Result, error) {
-	res, err := lookupScript.Run(ctx, s.rdb, nil, s.p, key, u64(tmin), u64(tmax), u64(watermark)).Slice()
+	wm1 := uint64(store.Open)
+	if watermark != store.Open {
+		wm1 = watermark + 1
+	}
+	res, err := s.run(ctx, s.sc.lookup, nil, s.p, key, u64(tmin), u64(tmax), u64(wm1)).Slice()
 	if err != nil {
 		return store.Result{}, fmt.Errorf("redisstore: lookup: %w", err)
 	}
@@ -253,20 +328,21 @@ func (s *Store) Lookup(ctx context.Context, key []byte, tmin, tmax, watermark ui
 		}
 	}
 	val, _ := res[4].(string)
-	hi, open := servedHi(f[1], watermark)
+	hi, open := servedHi(f[1], watermark, s.legacy)
 	return store.Result{Miss: store.Hit, Lo: f[0], Hi: hi, Open: open, Snapshot: f[2], Value: []byte(val)}, nil
 }
 
-// servedHi is the Hi a lookup reports: an open version is valid up to the
-// watermark.
-func servedHi(hi, watermark uint64) (uint64, bool) {
-	if hi != store.Open {
+// servedHi is the Hi a lookup reports: no version, open or closed, is
+// served beyond the watermark. legacy serves a closed Hi as it is.
+func servedHi(hi, watermark uint64, legacy bool) (uint64, bool) {
+	open := hi == store.Open
+	if legacy && !open {
 		return hi, false
 	}
-	if watermark == store.Open {
-		return store.Open, true
+	if watermark != store.Open && watermark+1 < hi {
+		hi = watermark + 1
 	}
-	return watermark + 1, true
+	return hi, open
 }
 
 // Put implements store.Backend. A Redis out of memory (its maxmemory
@@ -283,7 +359,7 @@ func (s *Store) Put(ctx context.Context, key []byte, v *store.Version) error {
 	if value == nil {
 		value = []byte{}
 	}
-	err = putScript.Run(ctx, s.rdb, nil, s.p, key, u64(v.Snapshot), entry, value, s.ttl.Milliseconds()).Err()
+	err = s.run(ctx, s.sc.put, nil, s.p, key, u64(v.Snapshot), entry, value, s.ttl.Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("redisstore: put: %w", err)
 	}
@@ -292,7 +368,7 @@ func (s *Store) Put(ctx context.Context, key []byte, v *store.Version) error {
 
 // Confirm implements store.Backend.
 func (s *Store) Confirm(ctx context.Context, key []byte, snapshot, lo, hi uint64) error {
-	if err := confirmScript.Run(ctx, s.rdb, nil, s.p, key, u64(snapshot), u64(lo), u64(hi)).Err(); err != nil {
+	if err := s.run(ctx, s.sc.confirm, nil, s.p, key, u64(snapshot), u64(lo), u64(hi)).Err(); err != nil {
 		return fmt.Errorf("redisstore: confirm: %w", err)
 	}
 	return nil
@@ -316,23 +392,63 @@ func (s *Store) Invalidate(ctx context.Context, lsn uint64, changes []invalidati
 		}
 		args = changeArgs(args, c)
 	}
-	if err := invalidateScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+	if err := s.run(ctx, s.sc.invalidate, keys, args...).Err(); err != nil {
 		return fmt.Errorf("redisstore: invalidate at %d: %w", lsn, err)
 	}
 	return nil
 }
 
-// EndOpen implements store.Backend.
+// EndOpen implements store.Backend. On a lost store (store.ErrLost) it
+// loads the scripts again, ends every version at min(hi, the watermark the
+// server kept + 1) (0 when it kept none) and makes the store usable again.
 func (s *Store) EndOpen(ctx context.Context, hi uint64) error {
-	if err := endOpenScript.Run(ctx, s.rdb, nil, s.p, u64(hi)).Err(); err != nil {
-		return fmt.Errorf("redisstore: end open versions: %w", err)
+	if s.legacy || !s.lost.Load() {
+		if err := s.run(ctx, s.sc.endOpen, nil, s.p, u64(hi)).Err(); err != nil {
+			return fmt.Errorf("redisstore: end open versions: %w", err)
+		}
+		return nil
+	}
+	s.recoverMu.Lock()
+	defer s.recoverMu.Unlock()
+	if !s.lost.Load() {
+		return s.EndOpen(ctx, hi)
+	}
+	if err := s.loadScripts(ctx); err != nil {
+		return err
+	}
+	wm, saved, err := s.SavedWatermark(ctx)
+	if err != nil {
+		return err
+	}
+	if !saved {
+		hi = 0
+	} else if wm+1 < hi {
+		hi = wm + 1
+	}
+	err = s.sc.endOpen.EvalSha(ctx, s.rdb, nil, s.p, u64(hi)).Err()
+	if err != nil {
+		return fmt.Errorf("redisstore: end versions after a restart of the server: %w", err)
+	}
+	s.lost.Store(false)
+	return nil
+}
+
+// Settle implements store.Backend. It also saves the watermark, in the
+// same script (see store.Persistent).
+func (s *Store) Settle(ctx context.Context, watermark uint64) error {
+	wm1 := uint64(store.Open)
+	if watermark != store.Open {
+		wm1 = watermark + 1
+	}
+	if err := s.run(ctx, s.sc.settle, nil, s.p, u64(wm1), strconv.FormatUint(watermark, 10)).Err(); err != nil {
+		return fmt.Errorf("redisstore: settle: %w", err)
 	}
 	return nil
 }
 
 // OpenGroups implements store.GroupLister: the tags and tables whose index
-// sets exist (an index set holds open versions only; a dangling member
-// only makes a group followed for nothing).
+// sets exist (an index set holds unsettled versions only; a dangling
+// member only makes a group followed for nothing).
 func (s *Store) OpenGroups(ctx context.Context) ([]string, error) {
 	var out []string
 	for _, kind := range []struct{ pattern, prefix, name string }{
@@ -362,7 +478,7 @@ func (s *Store) Holds(ctx context.Context, names []string) ([]bool, error) {
 			keys[i] = s.tagSet(n)
 		}
 	}
-	res, err := holdsScript.Run(ctx, s.rdb, keys, s.p).Int64Slice()
+	res, err := s.run(ctx, s.sc.holds, keys, s.p).Int64Slice()
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: holds: %w", err)
 	}
@@ -418,13 +534,14 @@ func (s *Store) Close() error {
 
 // SaveWatermark implements store.Persistent. The key has no TTL.
 func (s *Store) SaveWatermark(ctx context.Context, wm uint64) error {
-	if err := s.rdb.Set(ctx, s.wmKey(), strconv.FormatUint(wm, 10), 0).Err(); err != nil {
+	if err := s.run(ctx, s.sc.saveWatermark, nil, s.p, strconv.FormatUint(wm, 10)).Err(); err != nil {
 		return fmt.Errorf("redisstore: save watermark: %w", err)
 	}
 	return nil
 }
 
-// SavedWatermark implements store.Persistent.
+// SavedWatermark implements store.Persistent. It works on a lost store:
+// it is what the node ends versions at after a restart of the server.
 func (s *Store) SavedWatermark(ctx context.Context) (uint64, bool, error) {
 	v, err := s.rdb.Get(ctx, s.wmKey()).Result()
 	if errors.Is(err, redis.Nil) {

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -78,6 +79,74 @@ func TestDifferential(t *testing.T) {
 		t.Run(fmt.Sprintf("reference/%d", seed), func(t *testing.T) {
 			storetest.Differential(t, sharedStore(t), &storetest.Reference{}, seed, 2000)
 		})
+	}
+}
+
+// TestLegacyDifferential: the order-dependent scripts of
+// store.OrderDependentForTest follow the old specification.
+func TestLegacyDifferential(t *testing.T) {
+	store.OrderDependentForTest.Store(true)
+	s := sharedStore(t)
+	store.OrderDependentForTest.Store(false)
+	storetest.Differential(t, s, &storetest.Reference{Legacy: true}, 1, 2000)
+}
+
+// TestServerRestartUnderTheStore: a Redis that restarts under the store (here keeping
+// its data in an append-only file) may have lost writes, invalidations
+// among them. The store notices (the server lost its scripts), refuses
+// every operation with store.ErrLost until EndOpen, which ends every
+// version at the watermark the server kept + 1 at the latest.
+func TestServerRestartUnderTheStore(t *testing.T) {
+	cfg := servers.DefaultRedisConfig(t.TempDir())
+	cfg.Persist = true
+	port, err := servers.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Port = port
+	r, err := servers.StartRedis(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Close() }()
+	c := newClient(t, r)
+	s := open(t, Options{Client: c, Prefix: "restart"})
+	d := store.Dep{Tag: "public.a(id)=1", Table: "public.a", Reads: []string{"x"}}
+	mustPut(t, s, "k", store.Version{Lo: 10, Hi: store.Open, Snapshot: 10, Deps: []store.Dep{d}, Value: []byte("v")})
+	mustPut(t, s, "c", store.Version{Lo: 10, Hi: 90, Snapshot: 10, Deps: []store.Dep{d}, Value: []byte("c")})
+	if err := s.Settle(ctx, 40); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if r, err = servers.StartRedis(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lookup(ctx, []byte("k"), 0, 100, 100); !errors.Is(err, store.ErrLost) {
+		t.Fatalf("lookup on the restarted server: %v, want ErrLost", err)
+	}
+	for name, err := range map[string]error{
+		"put":        s.Put(ctx, []byte("n"), &store.Version{Lo: 1, Hi: store.Open, Snapshot: 1}),
+		"invalidate": s.Invalidate(ctx, 50, []invalidation.Change{{Tag: d.Tag, Rows: true}}),
+		"settle":     s.Settle(ctx, 60),
+		"save":       s.SaveWatermark(ctx, 60),
+	} {
+		if !errors.Is(err, store.ErrLost) {
+			t.Errorf("%s on a lost store: %v", name, err)
+		}
+	}
+	if err := s.EndOpen(ctx, 70); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]uint64{"k": 41, "c": 41} {
+		r := mustLookup(t, s, k, 0, 100, 100)
+		if r.Miss != store.Hit || r.Hi != want {
+			t.Errorf("%s after EndOpen on the restarted server: %+v, want it ended at %d", k, r, want)
+		}
+	}
+	if err := s.Settle(ctx, 80); err != nil {
+		t.Errorf("settle once recovered: %v", err)
 	}
 }
 

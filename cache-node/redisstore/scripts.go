@@ -1,6 +1,10 @@
 package redisstore
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // The scripts run atomically on the server. Every one receives the key
 // prefix (with its trailing colon) as ARGV[1] and builds the names of the
@@ -15,11 +19,24 @@ import "github.com/redis/go-redis/v9"
 // Only put is denied when Redis is out of memory (its shebang has no
 // flags); every other script may run then (allow-oom), because ending
 // versions and cleaning the indexes must never fail for lack of memory.
+//
+// Each Store runs its own copy of the scripts (newScripts puts a random
+// token in their source, so their SHA1s are its own) and never loads them
+// behind the node's back: a NOSCRIPT answer means the server lost its
+// script cache — it restarted, or a replica took over — and may have lost
+// writes with it (store.ErrLost).
+//
+// Versions are indexed (in the sets of their tags and tables, or in
+// P:nodeps) until they are settled: open, or closed but still possibly
+// shortened by an older invalidation delivered late. P:closed lists the
+// indexed closed ones, which settle visits.
 
 // lib is the code every script shares.
 const lib = `
 local P = ARGV[1]
+local LEGACY = false -- store.OrderDependentForTest: a closed version is final
 local OPEN = string.rep('\255', 8)
+local PENDING, SETTLED = 1, 2
 local COMPULSORY, STALENESS, CAPACITY, CONSISTENCY = 1, 2, 3, 4
 
 local function lt(a, b)
@@ -37,6 +54,16 @@ local function vkey(m) return P .. 'v:' .. m end
 local function sizeOf(e) return (struct.unpack('>I4', e, 18)) end
 local function hiOf(e) return string.sub(e, 9, 16) end
 local function withHi(e, hi) return string.sub(e, 1, 8) .. hi .. string.sub(e, 17) end
+local function hasFlag(e, f) return math.floor(string.byte(e, 17) / f) % 2 == 1 end
+local function isSettled(e) return hasFlag(e, SETTLED) end
+local function settledEntry(e)
+  if isSettled(e) then return e end
+  return string.sub(e, 1, 16) .. string.char(string.byte(e, 17) + SETTLED) .. string.sub(e, 18)
+end
+local function minHi(a, b)
+  if lt(b, a) then return b end
+  return a
+end
 
 local function parsedeps(e)
   local out, pos, n = {}, 22, #e
@@ -61,7 +88,7 @@ local function parsedeps(e)
   return out
 end
 
--- The index sets an open version (member m, entry e) belongs to.
+-- The index sets an unsettled version (member m, entry e) belongs to.
 local function sets(e)
   local ds = parsedeps(e)
   if #ds == 0 then return {P .. 'nodeps'}, ds end
@@ -77,11 +104,13 @@ local function index(m, e)
   local ss, ds = sets(e)
   for _, s in ipairs(ss) do redis.call('SADD', s, m) end
   for _, d in ipairs(ds) do redis.call('SADD', P .. 'tables', d.tbl) end
+  if hiOf(e) ~= OPEN then redis.call('SADD', P .. 'closed', m) end
   return ss
 end
 
 local function unindex(m, e)
   for _, s in ipairs((sets(e))) do redis.call('SREM', s, m) end
+  redis.call('SREM', P .. 'closed', m)
 end
 
 local function fingerprint(k)
@@ -114,7 +143,7 @@ end
 -- which a put replaces): its entry, its index memberships, its count.
 local function forget(k, snap, e)
   local m = snap .. k
-  if hiOf(e) == OPEN then unindex(m, e) end
+  if not isSettled(e) then unindex(m, e) end
   redis.call('HDEL', dkey(k), snap)
   redis.call('HINCRBY', P .. 'n', 'versions', -1)
   redis.call('HINCRBY', P .. 'n', 'bytes', -sizeOf(e))
@@ -124,14 +153,14 @@ local function forget(k, snap, e)
   end
 end
 
--- live returns the entry of index member m of set s if it is an open
+-- live returns the entry of index member m of set s if it is an unsettled
 -- version whose value is still there; otherwise it cleans m up (from s and,
 -- for an evicted version, from everywhere) and returns nil. EXISTS does not
 -- touch the value's LRU clock.
 local function live(s, m)
   local snap, k = string.sub(m, 1, 8), string.sub(m, 9)
   local e = redis.call('HGET', dkey(k), snap)
-  if e and hiOf(e) == OPEN then
+  if e and not isSettled(e) then
     if redis.call('EXISTS', vkey(m)) == 1 then return e end
     forget(k, snap, e)
   end
@@ -140,11 +169,12 @@ local function live(s, m)
 end
 `
 
-// lookup: ARGV prefix, key, tmin, tmax, watermark. Returns {0, lo, hi,
-// snapshot, value} on a hit, {missClass} on a miss.
+// lookup: ARGV prefix, key, tmin, tmax, watermark + 1 (OPEN for no
+// limit). Returns {0, lo, hi, snapshot, value} on a hit (hi as stored),
+// {missClass} on a miss.
 const lookupSrc = `#!lua flags=allow-oom
 ` + lib + `
-local k, tmin, tmax, wm = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local k, tmin, tmax, wm1 = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local all = redis.call('HGETALL', dkey(k))
 if #all == 0 then
   if isGhost(k) then return {CAPACITY} end
@@ -158,14 +188,13 @@ for i = 1, #all, 2 do
     rest[#rest + 1] = v
   else
     local lo, hi = string.sub(e, 1, 8), hiOf(e)
-    -- An open version is served up to the watermark: [lo, wm+1).
+    -- Every version is served up to the watermark: [lo, min(hi, wm+1)).
+    if hi == OPEN or not LEGACY then hi = minHi(hi, wm1) end
     local newer, empty, ended
     if hi ~= OPEN then
       newer, empty, ended = lt(tmax, lo), not lt(lo, hi), not lt(tmin, hi)
-    elseif wm == OPEN then
-      newer, empty, ended = lt(tmax, lo), lo == OPEN, tmin == OPEN
     else
-      newer, empty, ended = lt(tmax, lo), lt(wm, lo), lt(wm, tmin)
+      newer, empty, ended = lt(tmax, lo), lo == OPEN, tmin == OPEN
     end
     if newer or empty or ended then
       v.consistency = newer or empty
@@ -220,13 +249,11 @@ redis.call('SET', vkey(m), val, 'PX', ttl)
 redis.call('HINCRBY', P .. 'n', 'versions', 1)
 redis.call('HINCRBY', P .. 'n', 'bytes', sizeOf(e))
 if fresh then redis.call('HINCRBY', P .. 'n', 'keys', 1) end
-if hiOf(e) == OPEN then
-  -- Clean a few random members of the sets it joined: dangling members
-  -- (evicted versions nobody told the store about) stay a bounded share.
-  for _, s in ipairs(index(m, e)) do
-    for _, x in ipairs(redis.call('SRANDMEMBER', s, 2)) do
-      if x ~= m then live(s, x) end
-    end
+-- Clean a few random members of the sets it joined: dangling members
+-- (evicted versions nobody told the store about) stay a bounded share.
+for _, s in ipairs(index(m, e)) do
+  for _, x in ipairs(redis.call('SRANDMEMBER', s, 2)) do
+    if x ~= m then live(s, x) end
   end
 end
 return 1
@@ -238,18 +265,19 @@ const confirmSrc = `#!lua flags=allow-oom
 local k, snap, lo, hi = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local e = redis.call('HGET', dkey(k), snap)
 if not e then return 0 end
-local old = hiOf(e)
-if not lt(hi, old) then hi = old end
+hi = minHi(hiOf(e), hi)
 local flags = string.byte(e, 17)
 redis.call('HSET', dkey(k), snap, lo .. hi .. string.char(flags - flags % 2) .. string.sub(e, 18))
-if old == OPEN and hi ~= OPEN then unindex(snap .. k, e) end
+if hi ~= OPEN and not isSettled(e) then redis.call('SADD', P .. 'closed', snap .. k) end
 return 1
 `
 
 // invalidate: KEYS the index set of each change (the table set for a
 // flush); ARGV prefix, lsn, then per change: flags (1 flush, 2 rows, 4 all
-// columns), tag, number of columns, the columns. Returns how many versions
-// it ended.
+// columns), tag, number of columns, the columns. Every unsettled version
+// (the sets hold exactly those), open or closed, computed before lsn that a
+// change hits gets hi = min(hi, lsn). Returns how many versions it
+// shortened.
 const invalidateSrc = `#!lua flags=allow-oom
 ` + lib + `
 local lsn = ARGV[2]
@@ -266,8 +294,10 @@ for c = 1, #KEYS do
     if lt(snap, lsn) then
       local k = string.sub(m, 9)
       local e = redis.call('HGET', dkey(k), snap)
-      if not e or hiOf(e) ~= OPEN then
+      if not e or isSettled(e) then
         redis.call('SREM', s, m)
+      elseif LEGACY and hiOf(e) ~= OPEN then
+        -- a closed version is final
       else
         local hit = always
         if not hit then
@@ -288,9 +318,9 @@ for c = 1, #KEYS do
           if redis.call('EXISTS', vkey(m)) == 0 then
             forget(k, snap, e)
             redis.call('SREM', s, m)
-          else
+          elseif lt(lsn, hiOf(e)) then
             redis.call('HSET', dkey(k), snap, withHi(e, lsn))
-            unindex(m, e)
+            redis.call('SADD', P .. 'closed', m)
             ended = ended + 1
           end
         end
@@ -301,21 +331,24 @@ end
 return ended
 `
 
-// endOpen: ARGV prefix, hi. Every open version is in the set of one of its
-// tables, or in the set of versions without dependencies.
+// endOpen: ARGV prefix, hi. Every version, open or closed, ends at hi at
+// the latest and is settled. The unsettled ones are in the set of one of
+// their tables, or in the set of versions without dependencies; a settled
+// one already ends at or before hi (see store.Backend.EndOpen).
 const endOpenSrc = `#!lua flags=allow-oom
 ` + lib + `
 local hi = ARGV[2]
-if hi == OPEN then return 0 end
 local ended = 0
 local function endAll(s)
   for _, m in ipairs(redis.call('SMEMBERS', s)) do
     local snap, k = string.sub(m, 1, 8), string.sub(m, 9)
     local e = redis.call('HGET', dkey(k), snap)
-    if e and hiOf(e) == OPEN then
-      redis.call('HSET', dkey(k), snap, withHi(e, hi))
+    if e and not isSettled(e) then
+      local h = hiOf(e)
+      if h == OPEN or not LEGACY then h = minHi(h, hi) end
+      if h ~= hiOf(e) then ended = ended + 1 end
+      redis.call('HSET', dkey(k), snap, settledEntry(withHi(e, h)))
       unindex(m, e)
-      ended = ended + 1
     end
   end
   redis.call('DEL', s)
@@ -325,7 +358,38 @@ for _, t in ipairs(redis.call('SMEMBERS', P .. 'tables')) do
   redis.call('SREM', P .. 'tables', t)
 end
 endAll(P .. 'nodeps')
+redis.call('DEL', P .. 'closed')
 return ended
+`
+
+// settle: ARGV prefix, watermark + 1 (OPEN for no limit), the watermark in
+// decimal. It saves the watermark and settles every closed version with hi
+// <= watermark + 1, in one step: a copy of the data (an append-only file)
+// never holds a version settled beyond the watermark it saved.
+const settleSrc = `#!lua flags=allow-oom
+` + lib + `
+local wm1, wm = ARGV[2], ARGV[3]
+redis.call('SET', P .. 'wm', wm)
+local settled = 0
+for _, m in ipairs(redis.call('SMEMBERS', P .. 'closed')) do
+  local snap, k = string.sub(m, 1, 8), string.sub(m, 9)
+  local e = redis.call('HGET', dkey(k), snap)
+  if not e or isSettled(e) then
+    redis.call('SREM', P .. 'closed', m)
+  elseif hiOf(e) ~= OPEN and not lt(wm1, hiOf(e)) then
+    unindex(m, e)
+    redis.call('HSET', dkey(k), snap, settledEntry(e))
+    settled = settled + 1
+  end
+end
+return settled
+`
+
+// saveWatermark: ARGV prefix, the watermark in decimal. A script, so that
+// it fails on a server that lost the store's scripts (a restart).
+const saveWatermarkSrc = `#!lua flags=allow-oom
+redis.call('SET', ARGV[1] .. 'wm', ARGV[2])
+return 0
 `
 
 // holds: KEYS the index sets asked about; ARGV prefix. Returns 1 or 0 per
@@ -396,16 +460,35 @@ return 0
 `
 
 var (
-	warmScript          = redis.NewScript(warmSrc)
-	lookupScript        = redis.NewScript(lookupSrc)
-	putScript           = redis.NewScript(putSrc)
-	confirmScript       = redis.NewScript(confirmSrc)
-	invalidateScript    = redis.NewScript(invalidateSrc)
-	endOpenScript       = redis.NewScript(endOpenSrc)
-	holdsScript         = redis.NewScript(holdsSrc)
-	forgetEvictedScript = redis.NewScript(forgetEvictedSrc)
-	initGhostsScript    = redis.NewScript(initGhostsSrc)
-
-	allScripts = []*redis.Script{lookupScript, putScript, confirmScript, invalidateScript,
-		endOpenScript, holdsScript, forgetEvictedScript, initGhostsScript, warmScript}
+	warmScript       = redis.NewScript(warmSrc)
+	initGhostsScript = redis.NewScript(initGhostsSrc)
 )
+
+// scripts are one Store's copies of the scripts that read or change its
+// data.
+type scripts struct {
+	lookup, put, confirm, invalidate, endOpen, settle, saveWatermark, holds, forgetEvicted *redis.Script
+
+	all []*redis.Script
+}
+
+// newScripts makes the scripts of one store: token goes into their
+// source, so that their SHA1s are the store's own; legacy makes a closed
+// version final (store.OrderDependentForTest).
+func newScripts(token string, legacy bool) *scripts {
+	mk := func(src string) *redis.Script {
+		shebang, body, _ := strings.Cut(src, "\n")
+		if legacy {
+			body = strings.Replace(body, "local LEGACY = false", "local LEGACY = true", 1)
+		}
+		sc := redis.NewScript(shebang + "\n-- store " + token + "\n" + body)
+		return sc
+	}
+	s := &scripts{
+		lookup: mk(lookupSrc), put: mk(putSrc), confirm: mk(confirmSrc), invalidate: mk(invalidateSrc),
+		endOpen: mk(endOpenSrc), settle: mk(settleSrc), saveWatermark: mk(saveWatermarkSrc),
+		holds: mk(holdsSrc), forgetEvicted: mk(forgetEvictedSrc),
+	}
+	s.all = []*redis.Script{s.lookup, s.put, s.confirm, s.invalidate, s.endOpen, s.settle, s.saveWatermark, s.holds, s.forgetEvicted}
+	return s
+}

@@ -17,9 +17,11 @@ type Memory struct {
 	used      int64
 	evictions int64
 	keys      map[string]*memEntry
-	lru       *list.List // of *memVersion, most recently used at the front
-	tags      map[string]map[*memVersion]struct{}
-	tables    map[string]map[*memVersion]struct{}
+	lru       *list.List                          // of *memVersion, most recently used at the front
+	tags      map[string]map[*memVersion]struct{} // unsettled versions by tag
+	tables    map[string]map[*memVersion]struct{} // unsettled versions by table
+	closed    map[*memVersion]struct{}            // unsettled closed versions, for Settle
+	legacy    bool                                // OrderDependentForTest when made
 	nversions int64
 	ghosts    ghostSet
 	onRelease func(names []string)
@@ -32,15 +34,16 @@ type memEntry struct {
 
 type memVersion struct {
 	Version
-	entry *memEntry
-	size  int64
-	elem  *list.Element
-	open  bool // in the tag and table indexes
+	entry   *memEntry
+	size    int64
+	elem    *list.Element
+	indexed bool // unsettled: in the tag and table indexes
 }
 
 // NewMemory returns a memory backend holding at most budget bytes.
 // onRelease, if not nil, is called (outside the backend's lock) with the
-// tags and "table:"-prefixed tables no open version depends on any more.
+// tags and "table:"-prefixed tables no unsettled version depends on any
+// more.
 func NewMemory(budget int64, onRelease func(names []string)) *Memory {
 	return &Memory{
 		budget:    budget,
@@ -48,6 +51,8 @@ func NewMemory(budget int64, onRelease func(names []string)) *Memory {
 		lru:       list.New(),
 		tags:      map[string]map[*memVersion]struct{}{},
 		tables:    map[string]map[*memVersion]struct{}{},
+		closed:    map[*memVersion]struct{}{},
+		legacy:    OrderDependentForTest.Load(),
 		ghosts:    newGhostSet(1 << 16),
 		onRelease: onRelease,
 	}
@@ -69,7 +74,7 @@ func (m *Memory) Lookup(_ context.Context, key []byte, tmin, tmax, watermark uin
 		if v.Pending {
 			continue
 		}
-		hi, open := servedHi(v.Hi, watermark)
+		hi, open := servedHi(v.Hi, watermark, m.legacy)
 		if v.Lo <= tmax && hi > tmin && v.Lo < hi {
 			m.lru.MoveToFront(v.elem)
 			return Result{Miss: Hit, Lo: v.Lo, Hi: hi, Open: open, Snapshot: v.Snapshot, Value: v.Value}, nil
@@ -79,16 +84,18 @@ func (m *Memory) Lookup(_ context.Context, key []byte, tmin, tmax, watermark uin
 	return Result{Miss: miss}, nil
 }
 
-// servedHi is the Hi a lookup reports: an open version is valid up to the
-// watermark.
-func servedHi(hi, watermark uint64) (uint64, bool) {
-	if hi == Open {
-		if watermark == Open {
-			return Open, true
-		}
-		return watermark + 1, true
+// servedHi is the Hi a lookup reports: no version, open or closed, is
+// served beyond the watermark (a closed one may still be shortened by a
+// message not yet delivered). legacy serves a closed Hi as it is.
+func servedHi(hi, watermark uint64, legacy bool) (uint64, bool) {
+	open := hi == Open
+	if legacy && !open {
+		return hi, false
 	}
-	return hi, false
+	if watermark != Open && watermark+1 < hi {
+		hi = watermark + 1
+	}
+	return hi, open
 }
 
 // classify folds one non-matching version into the miss class: a version
@@ -136,9 +143,7 @@ func (m *Memory) Put(_ context.Context, key []byte, v *Version) error {
 	mv.elem = m.lru.PushFront(mv)
 	m.used += mv.size
 	m.nversions++
-	if mv.Hi == Open {
-		m.index(mv)
-	}
+	m.index(mv)
 	for m.used > m.budget {
 		victim := m.lru.Back().Value.(*memVersion)
 		released = m.remove(victim, released)
@@ -151,39 +156,37 @@ func (m *Memory) Put(_ context.Context, key []byte, v *Version) error {
 
 // Confirm implements Backend.
 func (m *Memory) Confirm(_ context.Context, key []byte, snapshot, lo, hi uint64) error {
-	var released []string
 	m.mu.Lock()
 	if e := m.keys[string(key)]; e != nil {
 		for _, v := range e.versions {
 			if v.Snapshot == snapshot {
 				v.Lo, v.Pending = lo, false
-				released = m.end(v, hi, released)
+				m.end(v, hi)
 				break
 			}
 		}
 	}
 	m.mu.Unlock()
-	m.release(released)
 	return nil
 }
 
-// Invalidate implements Backend.
+// Invalidate implements Backend. The indexes hold exactly the unsettled
+// versions.
 func (m *Memory) Invalidate(_ context.Context, lsn uint64, changes []invalidation.Change) error {
-	var released []string
 	m.mu.Lock()
 	var hit []*memVersion
 	for i := range changes {
 		c := &changes[i]
 		if c.Flush {
 			for v := range m.tables[c.Tag] {
-				if v.Snapshot < lsn {
+				if v.Snapshot < lsn && (!m.legacy || v.Hi == Open) {
 					hit = append(hit, v)
 				}
 			}
 			continue
 		}
 		for v := range m.tags[c.Tag] {
-			if v.Snapshot >= lsn {
+			if v.Snapshot >= lsn || (m.legacy && v.Hi != Open) {
 				continue
 			}
 			for _, d := range v.Deps {
@@ -195,32 +198,42 @@ func (m *Memory) Invalidate(_ context.Context, lsn uint64, changes []invalidatio
 		}
 	}
 	for _, v := range hit {
-		released = m.end(v, lsn, released)
+		m.end(v, lsn)
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// EndOpen implements Backend: every version is visited (a gap is rare),
+// then every version is settled.
+func (m *Memory) EndOpen(_ context.Context, hi uint64) error {
+	var released []string
+	m.mu.Lock()
+	for _, e := range m.keys {
+		for _, v := range e.versions {
+			if !m.legacy || v.Hi == Open {
+				v.Hi = min(v.Hi, hi)
+			}
+			if v.indexed {
+				released = m.unindex(v, released)
+			}
+		}
 	}
 	m.mu.Unlock()
 	m.release(released)
 	return nil
 }
 
-// EndOpen implements Backend.
-func (m *Memory) EndOpen(_ context.Context, hi uint64) error {
+// Settle implements Backend: it visits only the unsettled closed versions
+// (those that closed since the last Settle, and those closed beyond the
+// watermark).
+func (m *Memory) Settle(_ context.Context, watermark uint64) error {
 	var released []string
 	m.mu.Lock()
-	var open []*memVersion
-	for _, set := range m.tables {
-		for v := range set {
-			open = append(open, v)
+	for v := range m.closed {
+		if watermark == Open || v.Hi <= watermark+1 {
+			released = m.unindex(v, released)
 		}
-	}
-	for _, e := range m.keys {
-		for _, v := range e.versions {
-			if v.Hi == Open && len(v.Deps) == 0 {
-				open = append(open, v) // depends on nothing indexed
-			}
-		}
-	}
-	for _, v := range open {
-		released = m.end(v, hi, released)
 	}
 	m.mu.Unlock()
 	m.release(released)
@@ -252,20 +265,22 @@ func (m *Memory) Stats(context.Context) (Stats, error) {
 // Close implements Backend.
 func (m *Memory) Close() error { return nil }
 
-// end sets v.Hi = min(v.Hi, hi), taking a version that closes out of the
-// indexes.
-func (m *Memory) end(v *memVersion, hi uint64, released []string) []string {
+// end sets v.Hi = min(v.Hi, hi). A version that closes stays in the
+// indexes until it is settled.
+func (m *Memory) end(v *memVersion, hi uint64) {
 	if hi < v.Hi {
 		v.Hi = hi
 	}
-	if v.Hi != Open && v.open {
-		released = m.unindex(v, released)
+	if v.Hi != Open && v.indexed {
+		m.closed[v] = struct{}{}
 	}
-	return released
 }
 
 func (m *Memory) index(v *memVersion) {
-	v.open = true
+	v.indexed = true
+	if v.Hi != Open {
+		m.closed[v] = struct{}{}
+	}
 	for _, d := range v.Deps {
 		addTo(m.tags, d.Tag, v)
 		addTo(m.tables, d.Table, v)
@@ -273,7 +288,8 @@ func (m *Memory) index(v *memVersion) {
 }
 
 func (m *Memory) unindex(v *memVersion, released []string) []string {
-	v.open = false
+	v.indexed = false
+	delete(m.closed, v)
 	for _, d := range v.Deps {
 		if removeFrom(m.tags, d.Tag, v) {
 			released = append(released, d.Tag)
@@ -287,7 +303,7 @@ func (m *Memory) unindex(v *memVersion, released []string) []string {
 
 // remove drops a version (eviction).
 func (m *Memory) remove(v *memVersion, released []string) []string {
-	if v.open {
+	if v.indexed {
 		released = m.unindex(v, released)
 	}
 	m.lru.Remove(v.elem)

@@ -26,3 +26,12 @@ func TestReleaseCallback(t *testing.T) {
 		t.Fatal("no release callbacks")
 	}
 }
+
+// TestLegacyAgainstReference: the order-dependent behaviour that
+// store.OrderDependentForTest restores is the old specification's.
+func TestLegacyAgainstReference(t *testing.T) {
+	store.OrderDependentForTest.Store(true)
+	m := store.NewMemory(1<<30, nil)
+	store.OrderDependentForTest.Store(false)
+	storetest.Differential(t, m, &storetest.Reference{Legacy: true}, 1, 3000)
+}

@@ -9,16 +9,31 @@ import (
 
 // Reference is the specification of store.Backend written as plainly as
 // possible — linear scans, no indexes, no budget — for differential tests.
+// Its zero value follows the rules; Legacy makes it follow the old,
+// order-dependent ones (store.OrderDependentForTest).
 type Reference struct {
+	Legacy   bool
 	versions []refVersion
 }
 
 type refVersion struct {
-	key string
-	v   store.Version
+	key     string
+	v       store.Version
+	settled bool // no invalidation can change it any more
 }
 
 var _ store.Backend = (*Reference)(nil)
+
+// served is the Hi a lookup reports: never beyond the watermark.
+func (r *Reference) served(hi, wm uint64) uint64 {
+	if r.Legacy && hi != store.Open {
+		return hi
+	}
+	if wm != store.Open && hi > wm+1 {
+		return wm + 1
+	}
+	return hi
+}
 
 // Lookup implements store.Backend.
 func (r *Reference) Lookup(_ context.Context, key []byte, tmin, tmax, wm uint64) (store.Result, error) {
@@ -29,10 +44,7 @@ func (r *Reference) Lookup(_ context.Context, key []byte, tmin, tmax, wm uint64)
 		if x.key != string(key) || x.v.Pending {
 			continue
 		}
-		hi := x.v.Hi
-		if hi == store.Open && wm != store.Open {
-			hi = wm + 1
-		}
+		hi := r.served(x.v.Hi, wm)
 		if x.v.Lo <= tmax && hi > tmin && x.v.Lo < hi {
 			if best == nil || x.v.Snapshot > best.Snapshot {
 				best = &x.v
@@ -48,11 +60,7 @@ func (r *Reference) Lookup(_ context.Context, key []byte, tmin, tmax, wm uint64)
 	if best == nil {
 		return store.Result{Miss: miss}, nil
 	}
-	hi, isOpen := best.Hi, best.Hi == store.Open
-	if isOpen && wm != store.Open {
-		hi = wm + 1
-	}
-	return store.Result{Miss: store.Hit, Lo: best.Lo, Hi: hi, Open: isOpen, Snapshot: best.Snapshot, Value: best.Value}, nil
+	return store.Result{Miss: store.Hit, Lo: best.Lo, Hi: r.served(best.Hi, wm), Open: best.Hi == store.Open, Snapshot: best.Snapshot, Value: best.Value}, nil
 }
 
 // Put implements store.Backend.
@@ -62,7 +70,7 @@ func (r *Reference) Put(_ context.Context, key []byte, v *store.Version) error {
 			return nil
 		}
 	}
-	r.versions = append(r.versions, refVersion{string(key), *v})
+	r.versions = append(r.versions, refVersion{key: string(key), v: *v})
 	return nil
 }
 
@@ -78,11 +86,13 @@ func (r *Reference) Confirm(_ context.Context, key []byte, snapshot, lo, hi uint
 	return nil
 }
 
-// Invalidate implements store.Backend.
+// Invalidate implements store.Backend: open or closed, every unsettled
+// version computed before lsn that the change hits ends at lsn at the
+// latest, whatever the order the messages come in.
 func (r *Reference) Invalidate(_ context.Context, lsn uint64, changes []invalidation.Change) error {
 	for i := range r.versions {
 		x := &r.versions[i]
-		if x.v.Snapshot >= lsn || x.v.Hi != store.Open {
+		if x.v.Snapshot >= lsn || x.settled || (r.Legacy && x.v.Hi != store.Open) {
 			continue
 		}
 		for _, c := range changes {
@@ -96,11 +106,25 @@ func (r *Reference) Invalidate(_ context.Context, lsn uint64, changes []invalida
 	return nil
 }
 
-// EndOpen implements store.Backend.
+// EndOpen implements store.Backend: every version, open or closed, ends at
+// hi at the latest, and is settled.
 func (r *Reference) EndOpen(_ context.Context, hi uint64) error {
 	for i := range r.versions {
-		if r.versions[i].v.Hi == store.Open {
-			r.versions[i].v.Hi = hi
+		x := &r.versions[i]
+		if !r.Legacy || x.v.Hi == store.Open {
+			x.v.Hi = min(x.v.Hi, hi)
+		}
+		x.settled = true
+	}
+	return nil
+}
+
+// Settle implements store.Backend.
+func (r *Reference) Settle(_ context.Context, wm uint64) error {
+	for i := range r.versions {
+		x := &r.versions[i]
+		if x.v.Hi != store.Open && (wm == store.Open || x.v.Hi <= wm+1) {
+			x.settled = true
 		}
 	}
 	return nil
@@ -111,7 +135,7 @@ func (r *Reference) Holds(_ context.Context, names []string) ([]bool, error) {
 	out := make([]bool, len(names))
 	for i, n := range names {
 		for _, x := range r.versions {
-			if x.v.Hi != store.Open {
+			if x.settled {
 				continue
 			}
 			for _, d := range x.v.Deps {

@@ -27,6 +27,8 @@ func Run(t *testing.T, newBackend NewBackend) {
 	t.Run("Invalidate", func(t *testing.T) { testInvalidate(t, newBackend(t, 1<<30)) })
 	t.Run("PendingAndConfirm", func(t *testing.T) { testPending(t, newBackend(t, 1<<30)) })
 	t.Run("EndOpenAndHolds", func(t *testing.T) { testEndOpen(t, newBackend(t, 1<<30)) })
+	t.Run("OutOfOrder", func(t *testing.T) { testOutOfOrder(t, newBackend(t, 1<<30)) })
+	t.Run("SettleAndHolds", func(t *testing.T) { testSettle(t, newBackend(t, 1<<30)) })
 	t.Run("Budget", func(t *testing.T) { testBudget(t, newBackend) })
 }
 
@@ -192,6 +194,8 @@ func testEndOpen(t *testing.T, b store.Backend) {
 	a := dep("public.a(id)=1", "public.a", "x")
 	put(t, b, "open", store.Version{Lo: 10, Hi: open, Snapshot: 10, Deps: []store.Dep{a}, Value: []byte("o")})
 	put(t, b, "closed", store.Version{Lo: 10, Hi: 15, Snapshot: 10, Deps: []store.Dep{a}, Value: []byte("c")})
+	put(t, b, "late", store.Version{Lo: 10, Hi: 60, Snapshot: 10, Deps: []store.Dep{a}, Value: []byte("l")})
+	put(t, b, "nodeps", store.Version{Lo: 10, Hi: 70, Snapshot: 10, Value: []byte("n")})
 	held, err := b.Holds(ctx, []string{"public.a(id)=1", store.TableName("public.a"), "public.b", store.TableName("public.b")})
 	if err != nil || !reflect.DeepEqual(held, []bool{true, true, false, false}) {
 		t.Fatalf("holds before: %v %v", held, err)
@@ -203,12 +207,110 @@ func testEndOpen(t *testing.T, b store.Backend) {
 		t.Errorf("after EndOpen: %s", got)
 	}
 	if got := describe(lookup(t, b, "closed", 0, 12, 100)); got != "hit:c[10,15)@10" {
-		t.Errorf("EndOpen changed a closed version: %s", got)
+		t.Errorf("EndOpen raised the end of a closed version: %s", got)
+	}
+	// A version closed beyond the gap is no better proved than an open
+	// one: it ends there too.
+	for k, w := range map[string]string{"late": "hit:l[10,41)@10", "nodeps": "hit:n[10,41)@10"} {
+		if got := describe(lookup(t, b, k, 0, 1000, 100)); got != w {
+			t.Errorf("%s after EndOpen: %s, want %s", k, got, w)
+		}
 	}
 	held, err = b.Holds(ctx, []string{"public.a(id)=1", store.TableName("public.a")})
 	if err != nil || !reflect.DeepEqual(held, []bool{false, false}) {
 		t.Errorf("holds after: %v %v", held, err)
 	}
+}
+
+// testOutOfOrder: invalidations arrive out of LSN order (a live message
+// before a replayed older one): the older one still shortens what the
+// newer one closed, for every kind of version, and a closed version is
+// served only up to the watermark.
+func testOutOfOrder(t *testing.T, b store.Backend) {
+	d := dep("public.items(id)=1", "public.items", "qty")
+	put(t, b, "k", store.Version{Lo: 900, Hi: open, Snapshot: 900, Deps: []store.Dep{d}, Value: []byte("v")})
+	mustInvalidate(t, b, 1020, invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"qty"}})
+	mustInvalidate(t, b, 1010, invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"qty"}})
+	if got := describe(lookup(t, b, "k", 1010, 1010, 2000)); got != "miss:staleness" {
+		t.Errorf("lookup at 1010 after the invalidations at 1020 then 1010: %s, want a miss", got)
+	}
+	if got := describe(lookup(t, b, "k", 900, 2000, 2000)); got != "hit:v[900,1010)@900" {
+		t.Errorf("after the invalidations at 1020 then 1010: %s", got)
+	}
+	// A later message never raises Hi back.
+	mustInvalidate(t, b, 1015, invalidation.Change{Tag: "public.items(id)=1", Rows: true})
+	if got := describe(lookup(t, b, "k", 900, 2000, 2000)); got != "hit:v[900,1010)@900" {
+		t.Errorf("after a third invalidation at 1015: %s", got)
+	}
+
+	// A closed version is served only up to the watermark.
+	put(t, b, "c", store.Version{Lo: 900, Hi: 1020, Snapshot: 950, Deps: []store.Dep{d}, Value: []byte("c")})
+	if got := describe(lookup(t, b, "c", 900, 2000, 1005)); got != "hit:c[900,1006)@950" {
+		t.Errorf("closed version beyond the watermark: %s, want it served up to 1006", got)
+	}
+	if got := describe(lookup(t, b, "c", 1006, 1019, 1005)); got != "miss:staleness" {
+		t.Errorf("closed version served beyond the watermark: %s", got)
+	}
+	// A flush and a put closed version, out of order too.
+	mustInvalidate(t, b, 1012, invalidation.Change{Tag: "public.items", Flush: true})
+	if got := describe(lookup(t, b, "c", 900, 2000, 2000)); got != "hit:c[900,1012)@950" {
+		t.Errorf("closed version after an older flush: %s", got)
+	}
+
+	// A pending version: the newer message, then the older, then Confirm.
+	put(t, b, "p", store.Version{Lo: 900, Hi: open, Snapshot: 900, Deps: []store.Dep{d}, Value: []byte("p"), Pending: true})
+	mustInvalidate(t, b, 1040, invalidation.Change{Tag: "public.items(id)=1", AllColumns: true})
+	mustInvalidate(t, b, 1030, invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"qty"}})
+	if err := b.Confirm(ctx, []byte("p"), 900, 890, open); err != nil {
+		t.Fatal(err)
+	}
+	if got := describe(lookup(t, b, "p", 0, 2000, 2000)); got != "hit:p[890,1030)@900" {
+		t.Errorf("pending version after out-of-order invalidations: %s", got)
+	}
+	// A change that does not hit it leaves a closed version alone.
+	mustInvalidate(t, b, 1025, invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"name"}})
+	if got := describe(lookup(t, b, "p", 0, 2000, 2000)); got != "hit:p[890,1030)@900" {
+		t.Errorf("a change of another column: %s", got)
+	}
+}
+
+// testSettle: a closed version stays reachable (its groups held) until the
+// watermark passes its Hi; then it is final.
+func testSettle(t *testing.T, b store.Backend) {
+	d := dep("public.s(id)=1", "public.s", "x")
+	names := []string{"public.s(id)=1", store.TableName("public.s")}
+	holds := func(want bool, when string) {
+		t.Helper()
+		held, err := b.Holds(ctx, names)
+		if err != nil || !reflect.DeepEqual(held, []bool{want, want}) {
+			t.Errorf("holds %s: %v %v, want %v", when, held, err, want)
+		}
+	}
+	put(t, b, "k", store.Version{Lo: 100, Hi: open, Snapshot: 100, Deps: []store.Dep{d}, Value: []byte("v")})
+	mustInvalidate(t, b, 200, invalidation.Change{Tag: "public.s(id)=1", Columns: []string{"x"}})
+	holds(true, "with a version closed beyond the watermark")
+	if err := b.Settle(ctx, 150); err != nil {
+		t.Fatal(err)
+	}
+	holds(true, "after a settle below its end")
+	mustInvalidate(t, b, 180, invalidation.Change{Tag: "public.s", Flush: true})
+	if got := describe(lookup(t, b, "k", 0, 1000, 1000)); got != "hit:v[100,180)@100" {
+		t.Errorf("after a late flush: %s", got)
+	}
+	if err := b.Settle(ctx, 179); err != nil {
+		t.Fatal(err)
+	}
+	holds(false, "once the watermark reached its end")
+	if got := describe(lookup(t, b, "k", 0, 1000, 1000)); got != "hit:v[100,180)@100" {
+		t.Errorf("settled: %s", got)
+	}
+	// A put closed version is unsettled until the next Settle.
+	put(t, b, "k2", store.Version{Lo: 150, Hi: 170, Snapshot: 160, Deps: []store.Dep{d}, Value: []byte("w")})
+	holds(true, "after a put of a closed version")
+	if err := b.Settle(ctx, 179); err != nil {
+		t.Fatal(err)
+	}
+	holds(false, "after settling it")
 }
 
 func testBudget(t *testing.T, newBackend NewBackend) {
@@ -241,7 +343,9 @@ func testBudget(t *testing.T, newBackend NewBackend) {
 
 // Differential drives a and b with the same random operations (without
 // eviction: both budgets must be large) and fails at the first answer that
-// differs.
+// differs. Invalidations are delivered out of LSN order, as after a
+// reconnect or a restart (a live message before a replayed older one): the
+// watermark covers only what was delivered, and Settle follows it.
 func Differential(t *testing.T, a, b store.Backend, seed int64, ops int) {
 	r := rand.New(rand.NewSource(seed))
 	tables := []string{"public.t", "public.u"}
@@ -252,6 +356,17 @@ func Differential(t *testing.T, a, b store.Backend, seed int64, ops int) {
 			return tb, tb
 		}
 		return fmt.Sprintf("%s(id)=%d", tb, r.Intn(5)), tb
+	}
+	type message struct {
+		lsn     uint64
+		changes []invalidation.Change
+	}
+	var inflight []message // published, not yet delivered
+	deliver := func(i int, m message) {
+		ea, eb := a.Invalidate(ctx, m.lsn, m.changes), b.Invalidate(ctx, m.lsn, m.changes)
+		if ea != nil || eb != nil {
+			t.Fatalf("op %d invalidate at %d: %v, %v", i, m.lsn, ea, eb)
+		}
 	}
 	var lsn uint64 = 100
 	wm := lsn
@@ -287,7 +402,7 @@ func Differential(t *testing.T, a, b store.Backend, seed int64, ops int) {
 			if (ea == nil) != (eb == nil) {
 				t.Fatalf("op %d put: %v vs %v", i, ea, eb)
 			}
-		case op < 55: // invalidate
+		case op < 45: // a commit: delivered now, or later and out of order
 			lsn += 1 + uint64(r.Intn(5))
 			var cs []invalidation.Change
 			for n := 1 + r.Intn(3); n > 0; n-- {
@@ -305,13 +420,26 @@ func Differential(t *testing.T, a, b store.Backend, seed int64, ops int) {
 				}
 				cs = append(cs, c)
 			}
-			ea, eb := a.Invalidate(ctx, lsn, cs), b.Invalidate(ctx, lsn, cs)
-			if ea != nil || eb != nil {
-				t.Fatalf("op %d invalidate: %v, %v", i, ea, eb)
+			if r.Intn(2) == 0 {
+				deliver(i, message{lsn, cs})
+			} else {
+				inflight = append(inflight, message{lsn, cs})
 			}
-		case op < 60: // heartbeat
+		case op < 57 && len(inflight) > 0: // a late message, in any order
+			j := r.Intn(len(inflight))
+			m := inflight[j]
+			inflight = append(inflight[:j], inflight[j+1:]...)
+			deliver(i, m)
+		case op < 62: // heartbeat: everything delivered up to there
 			wm = lsn
-		case op < 65 && len(pendings) > 0: // confirm
+			for _, m := range inflight {
+				wm = min(wm, m.lsn-1)
+			}
+			ea, eb := a.Settle(ctx, wm), b.Settle(ctx, wm)
+			if ea != nil || eb != nil {
+				t.Fatalf("op %d settle: %v, %v", i, ea, eb)
+			}
+		case op < 67 && len(pendings) > 0: // confirm
 			p := pendings[0]
 			pendings = pendings[1:]
 			lo, hi := p.snap-uint64(r.Intn(5)), uint64(open)
@@ -322,7 +450,7 @@ func Differential(t *testing.T, a, b store.Backend, seed int64, ops int) {
 			if ea != nil || eb != nil {
 				t.Fatalf("op %d confirm: %v, %v", i, ea, eb)
 			}
-		case op < 66: // gap
+		case op < 68: // gap
 			ea, eb := a.EndOpen(ctx, wm+1), b.EndOpen(ctx, wm+1)
 			if ea != nil || eb != nil {
 				t.Fatalf("op %d end open: %v, %v", i, ea, eb)
