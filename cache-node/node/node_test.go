@@ -37,6 +37,7 @@ type fakeInvalidator struct {
 	prefix string
 	mu     sync.Mutex
 	lsn    uint64
+	paused atomic.Bool // no heartbeats while set
 }
 
 func newFake(t *testing.T, nc *nats.Conn) *fakeInvalidator {
@@ -64,6 +65,9 @@ func newFake(t *testing.T, nc *nats.Conn) *fakeInvalidator {
 }
 
 func (f *fakeInvalidator) heartbeat() {
+	if f.paused.Load() {
+		return
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b := invalidation.AppendHeartbeat(nil, invalidation.Heartbeat{LSN: f.lsn, Time: time.Now()})
@@ -429,4 +433,91 @@ func (n *Node) groupCount() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return len(n.groups)
+}
+
+// TestOutOfOrderAfterReconnect: an invalidation at b is published while
+// the node is disconnected; after the reconnect a live one at c > b
+// reaches the node before the replay brings b back. The version c closed
+// must still end at b, and must not be served past the watermark
+// meanwhile.
+func TestOutOfOrderAfterReconnect(t *testing.T) {
+	cfg := servers.DefaultNATSConfig(filepath.Join(t.TempDir(), "nats"))
+	srv, err := servers.StartNATS(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Port = srv.Port()
+	defer func() { _ = srv.Close() }()
+	pubConn, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond), nats.ReconnectBufSize(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pubConn.Close()
+	nodeConn, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(700*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeConn.Close()
+	h := newHarnessOn(t, pubConn, nodeConn)
+	s := h.f.now()
+	h.put("k", s, itemDep(1, "qty"))
+	h.served("k", s)
+	wm := h.n.Watermark()
+
+	// No heartbeat until the end: the node notices its reconnect only then.
+	h.f.paused.Store(true)
+	_ = srv.Close()
+	if srv, err = servers.StartNATS(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); !pubConn.IsConnected(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the publisher did not reconnect")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	b := h.f.commit(invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"qty"}}) // lost by the node
+	for deadline := time.Now().Add(20 * time.Second); !nodeConn.IsConnected(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the node did not reconnect")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c := h.f.commit(invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"qty"}}) // live
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		r, err := h.mem.Lookup(context.Background(), []byte("k"), s, s, store.Open)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Miss == store.Hit && !r.Open {
+			if r.Hi != c {
+				t.Fatalf("the live message at %d ended the version at %d", c, r.Hi)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the live message at %d never reached the node: %+v", c, r)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	// Closed at c by a live message, it is still served only up to the
+	// watermark, which has not moved.
+	if r := h.lookup("k", s, s); r.Miss != store.Hit || r.Hi > wm+1 {
+		t.Errorf("before the replay: %+v, served beyond the watermark %d", r, wm)
+	}
+	if r := h.lookup("k", b, b); r.Miss == store.Hit {
+		t.Errorf("before the replay, served at %d, which invalidated it: %+v", b, r)
+	}
+
+	h.f.paused.Store(false)
+	h.waitWatermark(c)
+	if r := h.lookup("k", b, b); r.Miss == store.Hit {
+		t.Errorf("served at %d, which invalidated it (the live message at %d came first): %+v", b, c, r)
+	}
+	if r := h.lookup("k", s, s); r.Miss != store.Hit || r.Hi != b {
+		t.Errorf("after the replay: %+v, want it ended at %d", r, b)
+	}
+	if got := testutil.ToFloat64(h.n.m.replays.WithLabelValues("done")); got < 1 {
+		t.Errorf("%v replays done", got)
+	}
 }
