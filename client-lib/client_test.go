@@ -29,7 +29,7 @@ import (
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.Main(m, testenv.Need{Postgres: true, NATS: true}, &env))
+	os.Exit(testenv.Main(m, testenv.Need{Postgres: true, NATS: true, Redis: true}, &env))
 }
 
 const accounts = 4
@@ -43,8 +43,22 @@ const readBalanceVer = "SELECT balance, ver FROM accounts WHERE id = $1"
 
 var stackSeq atomic.Int64
 
-// natsOverride, when set, is the NATS server the next stack uses.
-var natsOverride string
+// natsOverride, when set, is the NATS server the next stack uses;
+// nodeOverride, when set, is how its cache-node runs.
+var (
+	natsOverride string
+	nodeOverride *nodeSetup
+)
+
+// nodeSetup is how a stack runs its cache-node: through another NATS URL
+// than the stack's (a proxy), on another store than memory, or in the
+// test's process where a fault can stop it without a graceful shutdown.
+type nodeSetup struct {
+	nats      string // "" for the stack's
+	store     string // "" for memory, or a redis:// URL
+	killable  bool   // run in the test (startRawNode), with a kill
+	reconnect time.Duration
+}
 
 // stack is PostgreSQL, the invalidator with its pincushion and a
 // cache-node, all real, and a QUMA file for the accounts schema.
@@ -55,6 +69,8 @@ type stack struct {
 	invOpts                 service.Options
 	stopInvalidator         func()
 	stopNode                func()
+	killNode                func() // a killable node's stop without shutdown
+	setup                   nodeSetup
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -73,11 +89,22 @@ func (s *stack) startInvalidator(t testing.TB) {
 
 // startNode runs the cache-node on addr ("127.0.0.1:0" picks a port).
 func (s *stack) startNode(t testing.TB, addr string) {
+	if s.setup.killable {
+		s.startRawNode(t, addr)
+		return
+	}
+	natsURL, storeURL := s.nats, "memory"
+	if s.setup.nats != "" {
+		natsURL = s.setup.nats
+	}
+	if s.setup.store != "" {
+		storeURL = s.setup.store
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- daemon.Run(ctx, daemon.Options{Listen: addr, NATS: s.nats, Prefix: s.prefix, Store: "memory", Memory: 64 << 20}, quiet, ready)
+		done <- daemon.Run(ctx, daemon.Options{Listen: addr, NATS: natsURL, Prefix: s.prefix, Store: storeURL, Memory: 64 << 20}, quiet, ready)
 	}()
 	select {
 	case s.node = <-ready:
@@ -111,6 +138,9 @@ func startStackWith(t testing.TB, ddl, seed string, templates ...string) *stack 
 	s := &stack{url: testenv.Database(t, env.PG), prefix: fmt.Sprintf("cl%d", stackSeq.Add(1)), nats: env.NATS.URL()}
 	if natsOverride != "" {
 		s.nats = natsOverride
+	}
+	if nodeOverride != nil {
+		s.setup = *nodeOverride
 	}
 	var err error
 	if s.conn, err = pgx.Connect(ctx, s.url); err != nil {
@@ -266,6 +296,30 @@ func TestSnapshotConsistencyUnderConcurrentTransfers(t *testing.T) {
 }
 
 func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
+	return transfersAndReadsWith(t, l1, historyRun{})
+}
+
+// historyRun varies transfersAndReads: how the cache-node runs (node, given
+// the URL of the test's NATS server) and the faults injected while the
+// test runs (faults; by default the cache-node, the invalidator and NATS
+// restart in turn).
+type historyRun struct {
+	node   func(t *testing.T, natsURL string) nodeSetup
+	faults func(ctx context.Context, t *testing.T, s *stack, run time.Duration)
+	run    time.Duration // default 3s, or LARDER_HISTORY_SECONDS
+}
+
+// pause waits d, or less if ctx ends first (then it reports false).
+func pause(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Violation, int64) {
 	// A NATS server of the test's own, so that it can restart.
 	natsCfg := servers.DefaultNATSConfig(filepath.Join(t.TempDir(), "nats"))
 	ns, err := servers.StartNATS(context.Background(), natsCfg)
@@ -276,14 +330,21 @@ func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 	var nsMu sync.Mutex
 	defer func() { nsMu.Lock(); _ = ns.Close(); nsMu.Unlock() }()
 	natsOverride = ns.URL()
+	if hr.node != nil {
+		setup := hr.node(t, ns.URL())
+		nodeOverride = &setup
+	}
 	s := startStack(t)
-	natsOverride = ""
+	natsOverride, nodeOverride = "", nil
 	c := s.client(t, l1)
 	rec, err := history.StartRecorder(context.Background(), s.url, "accounts")
 	if err != nil {
 		t.Fatal(err)
 	}
 	run := 3 * time.Second
+	if hr.run > 0 {
+		run = hr.run
+	}
 	if v := os.Getenv("LARDER_HISTORY_SECONDS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
@@ -332,6 +393,10 @@ func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		if hr.faults != nil {
+			hr.faults(ctx, t, s, run)
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -1,0 +1,249 @@
+package larder
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/larderdb/larder/cache-node/node"
+	"github.com/larderdb/larder/cache-node/protocol"
+	"github.com/larderdb/larder/cache-node/redisstore"
+	"github.com/larderdb/larder/cache-node/store"
+	"github.com/larderdb/larder/internal/servers"
+)
+
+// TestHistoryUnderFaults runs the history checker of
+// TestSnapshotConsistencyUnderConcurrentTransfers under the faults that
+// deliver invalidations out of order or undo them: a cut between the
+// cache-node and NATS (a TCP proxy, toxiproxy, that only the node goes
+// through), a Redis-backed cache-node killed and restarted under write
+// load, and the redis-server restarting under a running node. Each runs
+// twice: as the node is, where the checker must find nothing, and with
+// store.OrderDependentForTest (a closed version is final, a restarted
+// Redis goes unnoticed), where it should find violations. The
+// order-dependent runs show the old bug often but not in every run (they
+// are skipped, saying so, when they find nothing); the store's
+// conformance suite (OutOfOrder) and the node's TestOutOfOrderAfterReconnect
+// fail deterministically on it.
+func TestHistoryUnderFaults(t *testing.T) {
+	for _, sc := range []struct {
+		name string
+		hr   func(t *testing.T) historyRun
+	}{
+		{"node-NATS-cut", natsCutRun},
+		{"redis-node-killed", nodeKilledRun},
+		{"redis-server-restarts", redisRestartRun},
+	} {
+		for _, legacy := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/order-dependent=%v", sc.name, legacy), func(t *testing.T) {
+				store.OrderDependentForTest.Store(legacy)
+				defer store.OrderDependentForTest.Store(false)
+				violations, reads := transfersAndReadsWith(t, 0, sc.hr(t))
+				if legacy && len(violations) == 0 {
+					// Not every run catches it: the stale interval is only
+					// as long as the fault, and a reader must land in it
+					// with the stale version as the newest that answers.
+					t.Skipf("the order-dependent node passed %d transactions under %s in this run: the schedule does not show the old bug reliably", reads, sc.name)
+				}
+				if !legacy && len(violations) > 0 {
+					for i, v := range violations {
+						if i < 5 {
+							t.Log(v)
+						}
+					}
+					t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
+				}
+				t.Logf("%d violations reported", len(violations))
+			})
+		}
+	}
+}
+
+// faultTimes calls fault n times, spread over the run, while ctx lasts.
+func faultTimes(ctx context.Context, run time.Duration, n int, fault func(i int)) {
+	for i := 0; i < n; i++ {
+		if !pause(ctx, run/time.Duration(n+1)) {
+			return
+		}
+		fault(i)
+	}
+}
+
+// natsCutRun: the node reaches NATS through a proxy, which is cut (every
+// connection closed, new ones refused) and restored, three times. Invalidations
+// published meanwhile reach the node only by the replay, after live ones
+// that followed the reconnect.
+func natsCutRun(t *testing.T) historyRun {
+	var proxy *toxiproxy.Proxy
+	return historyRun{
+		node: func(t *testing.T, natsURL string) nodeSetup {
+			port, err := servers.FreePort()
+			if err != nil {
+				t.Fatal(err)
+			}
+			api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+			listen := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			proxy = toxiproxy.NewProxy(api, "nats", listen, strings.TrimPrefix(natsURL, "nats://"))
+			if err := proxy.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(proxy.Stop)
+			return nodeSetup{nats: "nats://" + listen, killable: true, reconnect: 50 * time.Millisecond}
+		},
+		faults: func(ctx context.Context, t *testing.T, s *stack, run time.Duration) {
+			faultTimes(ctx, run, 3, func(int) {
+				t.Logf("fault: the node's NATS connection is cut at WAL %s", walNow(t, s))
+				proxy.Stop()
+				pause(ctx, 500*time.Millisecond)
+				if err := proxy.Start(); err != nil {
+					t.Errorf("restore the proxy: %v", err)
+				}
+				t.Logf("fault: the node's NATS connection is back at WAL %s", walNow(t, s))
+			})
+		},
+	}
+}
+
+// nodeKilledRun: a cache-node on Redis (the package's server) is killed —
+// its connections closed first, so nothing of its shutdown reaches Redis
+// or NATS — and another one starts on the same data 500 ms later, three
+// times.
+func nodeKilledRun(t *testing.T) historyRun {
+	return historyRun{
+		node: func(t *testing.T, _ string) nodeSetup {
+			return nodeSetup{store: env.Redis.URL(), killable: true}
+		},
+		faults: func(ctx context.Context, t *testing.T, s *stack, run time.Duration) {
+			faultTimes(ctx, run, 3, func(int) {
+				t.Logf("fault: the cache-node is killed at WAL %s", walNow(t, s))
+				s.killNode()
+				pause(ctx, 500*time.Millisecond)
+				t.Logf("fault: the cache-node restarts on its Redis data at WAL %s", walNow(t, s))
+				s.startRawNode(t, s.node)
+			})
+		},
+	}
+}
+
+// redisRestartRun: the redis-server of a running cache-node restarts (it
+// keeps its data in an append-only file, written out on the way down),
+// three times.
+// Invalidations the node could not apply meanwhile must not leave the
+// versions they hit valid once the server is back.
+func redisRestartRun(t *testing.T) historyRun {
+	var mu sync.Mutex
+	var r *servers.Redis
+	var cfg servers.RedisConfig
+	return historyRun{
+		node: func(t *testing.T, _ string) nodeSetup {
+			cfg = servers.DefaultRedisConfig(filepath.Join(t.TempDir(), "redis"))
+			cfg.Persist = true
+			var err error
+			if cfg.Port, err = servers.FreePort(); err != nil {
+				t.Fatal(err)
+			}
+			if r, err = servers.StartRedis(context.Background(), cfg); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { mu.Lock(); _ = r.Close(); mu.Unlock() })
+			return nodeSetup{store: r.URL()}
+		},
+		faults: func(ctx context.Context, t *testing.T, s *stack, run time.Duration) {
+			faultTimes(ctx, run, 3, func(int) {
+				t.Logf("fault: redis-server restarts at WAL %s", walNow(t, s))
+				mu.Lock()
+				defer mu.Unlock()
+				_ = r.Close()
+				pause(ctx, 500*time.Millisecond)
+				var err error
+				if r, err = servers.StartRedis(context.Background(), cfg); err != nil {
+					t.Errorf("restart Redis: %v", err)
+				}
+			})
+		},
+	}
+}
+
+// startRawNode runs the cache-node in the test's process, as daemon.Run
+// does, on the stack's setup (NATS through a proxy, memory or Redis), so
+// that a fault can kill it: s.killNode closes its Redis and NATS
+// connections before anything else, so that nothing it would do on a
+// graceful shutdown (unsubscribing, a last save of the watermark) happens.
+func (s *stack) startRawNode(t testing.TB, addr string) {
+	natsURL := s.nats
+	if s.setup.nats != "" {
+		natsURL = s.setup.nats
+	}
+	wait := s.setup.reconnect
+	if wait <= 0 {
+		wait = 50 * time.Millisecond
+	}
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(wait))
+	if err != nil {
+		t.Fatalf("cache-node: %v", err)
+	}
+	var n *node.Node
+	var backend store.Backend
+	var rdb *redis.Client
+	if s.setup.store == "" {
+		backend = store.NewMemory(64<<20, func(names []string) { n.OnRelease(names) })
+	} else {
+		opts, err := redis.ParseURL(s.setup.store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb = redis.NewClient(opts)
+		if backend, err = redisstore.New(context.Background(), redisstore.Options{Client: rdb, Prefix: s.prefix}); err != nil {
+			t.Fatalf("cache-node: %v", err)
+		}
+	}
+	if n, err = node.New(node.Config{NATS: nc, Prefix: s.prefix, Backend: backend, Log: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("cache-node: %v", err)
+	}
+	s.node = ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	nodeDone, srvDone := make(chan error, 1), make(chan error, 1)
+	go func() { nodeDone <- n.Run(ctx) }()
+	srv := &protocol.Server{Handler: n.Handler(), Log: quiet}
+	go func() { srvDone <- srv.Serve(ctx, ln) }()
+	var once sync.Once
+	stop := func(kill bool) {
+		once.Do(func() {
+			if kill {
+				if rdb != nil {
+					_ = rdb.Close()
+				}
+				nc.Close()
+			}
+			cancel()
+			_ = ln.Close()
+			if err := <-nodeDone; err != nil && !kill {
+				t.Errorf("cache-node: %v", err)
+			}
+			<-srvDone
+			_ = backend.Close()
+			if rdb != nil {
+				_ = rdb.Close()
+			}
+			nc.Close()
+		})
+	}
+	s.stopNode = func() { stop(false) }
+	s.killNode = func() { stop(true) }
+}
