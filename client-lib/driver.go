@@ -257,6 +257,7 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	if err != nil {
 		return nil, err
 	}
+	ro.sqlFormats = true
 	c.ro = ro
 	return roDriverTx{c: c}, nil
 }

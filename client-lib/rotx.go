@@ -41,6 +41,10 @@ type ROTx struct {
 	pooled  *pgxpool.Conn
 	// scope is the key scope of the session (readScope).
 	scope sessionScope
+	// sqlFormats: results are fetched in the formats pgx's database/sql
+	// driver asks for (text for most types), so that database/sql sees the
+	// same values cached or not; such results are keyed apart.
+	sqlFormats bool
 	ts    uint64
 	// fallback: no pin was usable; the transaction runs on a fresh
 	// snapshot, without the cache.
@@ -285,7 +289,11 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		t.c.m.uncacheable(reason)
 		return t.atSnapshot(ctx, sql, args)
 	}
-	key, err := t.c.key(t.scope.key, sql, args)
+	scopeKey := t.scope.key
+	if t.sqlFormats {
+		scopeKey += "\nformats=database/sql"
+	}
+	key, err := t.c.key(scopeKey, sql, args)
 	if err != nil {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable("parameters: cannot be keyed")
@@ -396,6 +404,9 @@ func (t *ROTx) atSnapshot(ctx context.Context, sql string, args []any) (*Result,
 }
 
 func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error) {
+	if t.sqlFormats {
+		args = append([]any{databaseSQLResultFormats}, args...)
+	}
 	rows, err := t.conn.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -122,6 +123,25 @@ func (d *cachedRows) ColumnTypeScanType(index int) reflect.Type {
 		return reflect.TypeFor[[]byte]()
 	}
 	return reflect.TypeFor[string]()
+}
+
+// databaseSQLResultFormats are the result formats pgx's stdlib driver asks
+// for (binary for these types, text for the rest); the driver's read-only
+// transactions ask for the same, so that a value converts alike.
+var databaseSQLResultFormats = pgx.QueryResultFormatsByOID{
+	pgtype.BoolOID:        1,
+	pgtype.ByteaOID:       1,
+	pgtype.CIDOID:         1,
+	pgtype.DateOID:        1,
+	pgtype.Float4OID:      1,
+	pgtype.Float8OID:      1,
+	pgtype.Int2OID:        1,
+	pgtype.Int4OID:        1,
+	pgtype.Int8OID:        1,
+	pgtype.OIDOID:         1,
+	pgtype.TimestampOID:   1,
+	pgtype.TimestamptzOID: 1,
+	pgtype.XIDOID:         1,
 }
 
 // valueFuncFor converts one column's raw values to driver.Values the way
