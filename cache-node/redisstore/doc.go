@@ -19,15 +19,17 @@
 //
 //	P:v:M           string, with a TTL   the version's value, nothing else
 //	P:d:K           hash, no TTL         the directory of K: field S -> entry
-//	P:t:<tag>       set, no TTL          open versions (M) depending on the tag
-//	P:T:<table>     set, no TTL          open versions depending on the table
-//	P:nodeps        set, no TTL          open versions depending on nothing
+//	P:t:<tag>       set, no TTL          unsettled versions (M) depending on the tag
+//	P:T:<table>     set, no TTL          unsettled versions depending on the table
+//	P:nodeps        set, no TTL          unsettled versions depending on nothing
+//	P:closed        set, no TTL          unsettled closed versions (what Settle visits)
 //	P:tables        set, no TTL          the tables that have a P:T set
 //	P:n             hash, no TTL         counts: keys, versions, bytes
 //	P:g, P:gi       string, counter      the ring of recently evicted keys
 //	P:wm            string, no TTL       the node's saved watermark (decimal)
 //
-// An entry is lo (8 bytes), hi (8; 0xff.. = open), flags (1: pending),
+// An entry is lo (8 bytes), hi (8; 0xff.. = open), flags (1: pending, 2:
+// settled),
 // size (4: store.Version.Size) and the dependencies, each as allColumns
 // (1), tag, table and the columns read, every name prefixed with its
 // 2-byte length. Names are bytes: nothing assumes printable keys or tags.
@@ -45,8 +47,9 @@
 // of exact 32-bit halves (Lua numbers are doubles; string comparison in
 // Lua follows the server's locale). Invalidate reads only the index sets
 // of the changed tags (the table sets for flushes), never the keyspace,
-// and applies invalidation.Change.Hits to each member's dependencies;
-// every version it ends leaves all its index sets. Holds takes random
+// and applies invalidation.Change.Hits to each member's dependencies,
+// open or closed (a version it ends stays in its sets until Settle or
+// EndOpen settles it). Holds takes random
 // members of the set until it finds a live one, dropping the dead ones it
 // meets. Every script but Put may run when Redis is out of memory
 // (allow-oom): ending versions must not fail for lack of memory; a Put
@@ -128,9 +131,15 @@
 // loses its last second: the file is in order, so a watermark it kept was
 // saved after every invalidation up to it, which it kept too.
 //
-// The store does not notice a Redis that restarts under it. Such a server
-// comes back with its configuration file's settings, not those New set
-// (maxmemory, the policy, the notifications: put them in redis.conf), and
-// a persistent one may have lost the invalidations of its last second: a
-// node must treat a restart of its Redis as a gap, or restart with it.
+// The store notices a Redis that restarts under it: it runs scripts of its
+// own (a random token in their source) and never loads them again on its
+// own, so a NOSCRIPT answer means the server lost them. It then refuses
+// every operation with store.ErrLost until the node's EndOpen, which ends
+// every version at the watermark that server kept + 1 at the latest (a
+// persistent server may have lost the invalidations of its last second).
+// Settle saves the watermark in the same script that settles versions, so
+// the file never holds a version settled beyond its saved watermark. Such
+// a server comes back with its configuration file's settings, not those
+// New set (maxmemory, the policy, the notifications: put them in
+// redis.conf).
 package redisstore
