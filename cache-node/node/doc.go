@@ -2,8 +2,10 @@
 // invalidator's stream on NATS, keeps the watermark (the LSN up to which it
 // knows every invalidation of its groups), subscribes to a tag's group when
 // the first version holding it arrives and leaves it when the last one
-// closes (Ferdinand), and decides each put's validity interval so that no
-// version is ever served past an invalidation.
+// settles (Ferdinand; a closed version settles once the watermark passes
+// its end, since until then a late or replayed message may still shorten
+// it), and decides each put's validity interval so that no version is ever
+// served past an invalidation.
 //
 // Two races are closed here. A put computed at snapshot S can arrive after
 // an invalidation at L > S of one of its tags: the node keeps the last few
@@ -14,7 +16,8 @@
 // the group's last message in JetStream, every earlier message having been
 // acknowledged before that heartbeat was sent.
 //
-// A possible gap (a reconnect, a queue about to overflow, an undecodable
-// message) ends every open version at the watermark + 1 and forgets every
-// group: the node then loses hit rate, never correctness.
+// A possible gap (a queue about to overflow, an undecodable message, a
+// failed replay, a backend that refused a write or restarted) ends every
+// version, open or closed, at the watermark + 1 at the latest and forgets
+// every group: the node then loses hit rate, never correctness.
 package node
