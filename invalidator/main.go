@@ -40,6 +40,7 @@ func parseFlags(args []string, stderr io.Writer) (service.Options, string, error
 	fs.StringVar(&o.Prefix, "prefix", o.Prefix, "NATS subject prefix")
 	fs.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "heartbeat interval (50ms–100ms recommended)")
 	fs.BoolVar(&o.FixIdentity, "fix-replica-identity", false, "run the ALTER TABLE … REPLICA IDENTITY FULL the start-up check asks for")
+	ddlTrigger := fs.Bool("ddl-trigger", true, "install (needs a superuser once) and require the DDL event triggers; false: a schema change flushes its table only at the table's next row change")
 	fs.DurationVar(&o.StreamMaxAge, "stream-max-age", o.StreamMaxAge, "how long JetStream keeps invalidations for nodes to replay")
 	fs.BoolVar(&o.StreamMemory, "stream-memory", false, "keep the JetStream stream in memory instead of on disk")
 	fs.StringVar(&o.Metrics, "metrics", o.Metrics, "address of the Prometheus /metrics endpoint (empty: none)")
@@ -57,6 +58,7 @@ func parseFlags(args []string, stderr io.Writer) (service.Options, string, error
 	if o.PG == "" {
 		return o, "", errors.New("--pg is required (a PostgreSQL URL)")
 	}
+	o.NoDDLTrigger = !*ddlTrigger
 	if tables != "" {
 		o.Tables = strings.Split(tables, ",")
 	}

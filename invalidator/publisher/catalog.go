@@ -57,18 +57,22 @@ func ReadTagColumnsFile(path string) (map[string][][]string, error) {
 
 // tableInfo is what the catalogs say of a published table.
 type tableInfo struct {
+	oid      uint32
 	name     string // schema.table
 	quoted   string // for SQL
 	identity byte   // relreplident: d, n, f, i
 	idCols   []string
 	keys     [][]string // primary key and unique indexes without expressions or predicates
-	sets     [][]string // the tag column sets to publish
+	// keyIndexes are the OIDs of the indexes of keys: dropping one
+	// changes the table's default tag sets.
+	keyIndexes []uint32
+	sets       [][]string // the tag column sets to publish
 }
 
 // loadTables reads every table of the publication.
 func loadTables(ctx context.Context, conn *pgx.Conn, publication string) (map[string]*tableInfo, error) {
 	rows, err := conn.Query(ctx, `
-SELECT n.nspname, c.relname, format('%I.%I', n.nspname, c.relname), c.relreplident::text,
+SELECT c.oid, n.nspname, c.relname, format('%I.%I', n.nspname, c.relname), c.relreplident::text,
   coalesce((SELECT array_agg(a.attname::text ORDER BY k.ord)
      FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
      JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
@@ -83,19 +87,20 @@ WHERE pt.pubname = $1`, publication)
 	}
 	tables := map[string]*tableInfo{}
 	for rows.Next() {
+		var oid uint32
 		var schema, name, quoted, ident string
 		var idCols []string
-		if err := rows.Scan(&schema, &name, &quoted, &ident, &idCols); err != nil {
+		if err := rows.Scan(&oid, &schema, &name, &quoted, &ident, &idCols); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("publisher: read the publication's tables: %w", err)
 		}
-		tables[schema+"."+name] = &tableInfo{name: schema + "." + name, quoted: quoted, identity: ident[0], idCols: idCols}
+		tables[schema+"."+name] = &tableInfo{oid: oid, name: schema + "." + name, quoted: quoted, identity: ident[0], idCols: idCols}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("publisher: read the publication's tables: %w", err)
 	}
 	keys, err := conn.Query(ctx, `
-SELECT n.nspname || '.' || c.relname,
+SELECT n.nspname || '.' || c.relname, i.indexrelid,
   array_agg(a.attname::text ORDER BY k.ord)
 FROM pg_index i
 JOIN pg_class c ON c.oid = i.indrelid
@@ -111,13 +116,15 @@ ORDER BY n.nspname, c.relname, i.indisprimary DESC, i.indexrelid`, publication)
 	}
 	for keys.Next() {
 		var table string
+		var index uint32
 		var cols []string
-		if err := keys.Scan(&table, &cols); err != nil {
+		if err := keys.Scan(&table, &index, &cols); err != nil {
 			keys.Close()
 			return nil, fmt.Errorf("publisher: read the tables' keys: %w", err)
 		}
 		if t := tables[table]; t != nil {
 			t.keys = append(t.keys, cols)
+			t.keyIndexes = append(t.keyIndexes, index)
 		}
 	}
 	if err := keys.Err(); err != nil {

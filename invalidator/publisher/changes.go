@@ -25,6 +25,10 @@ type relation struct {
 	// unkeyable: tag column sets that name a column the relation lacks
 	// (logged once at load).
 	missing []string
+	// afterDDL: a larder.ddl message named the table since this Relation
+	// message and flushed it; the next Relation message's new shape needs
+	// no flush of its own.
+	afterDDL bool
 }
 
 // newRelation builds a relation from pgoutput's message and the tag column
@@ -35,12 +39,28 @@ func newRelation(m *pglogrepl.RelationMessage, sets [][]string) *relation {
 		name: m.Namespace + "." + m.RelationName,
 		full: m.ReplicaIdentity == 'f',
 	}
-	idx := map[string]int{}
-	for i, c := range m.Columns {
+	for _, c := range m.Columns {
 		r.columns = append(r.columns, c.Name)
 		r.types = append(r.types, c.DataType)
 		r.identity = append(r.identity, c.Flags&1 != 0 || r.full)
-		idx[c.Name] = i
+	}
+	r.bindSets(sets)
+	return r
+}
+
+// withSets returns a copy of r publishing the tag column sets given.
+func (r *relation) withSets(sets [][]string) *relation {
+	c := *r
+	c.sets, c.setNames, c.missing = nil, nil, nil
+	c.bindSets(sets)
+	return &c
+}
+
+// bindSets resolves tag column sets to column positions.
+func (r *relation) bindSets(sets [][]string) {
+	idx := map[string]int{}
+	for i, c := range r.columns {
+		idx[c] = i
 	}
 	for _, set := range sets {
 		var is []int
@@ -59,7 +79,6 @@ func newRelation(m *pglogrepl.RelationMessage, sets [][]string) *relation {
 			r.setNames = append(r.setNames, set)
 		}
 	}
-	return r
 }
 
 // sameShape reports whether two Relation messages describe the same

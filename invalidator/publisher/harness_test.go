@@ -137,16 +137,20 @@ func (h *harness) start(cfg Config) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// Replicating once a heartbeat went through.
-	select {
-	case m := <-h.msgs:
-		if m.Heartbeat == nil {
-			h.msgs <- m
+	// Replicating once a heartbeat went through. Before it come only the
+	// new slot's flushes of every table (checked in slot_test.go).
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case m := <-h.msgs:
+			if m.Heartbeat != nil {
+				return
+			}
+		case <-done:
+			h.t.Fatalf("publisher stopped: %v", runErr)
+		case <-timeout:
+			h.t.Fatal("no heartbeat within a minute")
 		}
-	case <-done:
-		h.t.Fatalf("publisher stopped: %v", runErr)
-	case <-time.After(60 * time.Second):
-		h.t.Fatal("no heartbeat within a minute")
 	}
 }
 

@@ -7,30 +7,44 @@ type metrics struct {
 	flushes                                   *prometheus.CounterVec
 	lagBytes, lagSeconds, confirmed           prometheus.Gauge
 	publishLatency                            prometheus.Histogram
+	slotsCreated                              *prometheus.CounterVec
+	slotStatus                                *prometheus.GaugeVec
+	slotRetained                              prometheus.Gauge
 }
+
+// slotStatuses are the values of pg_replication_slots.wal_status (and
+// "unknown" when it is NULL).
+var slotStatuses = []string{"reserved", "extended", "unreserved", "lost", "unknown"}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		commits:    prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_commits_total", Help: "Committed transactions decoded."}),
-		rows:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_row_changes_total", Help: "Row changes (insert, update, delete) decoded."}),
-		tags:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_tags_total", Help: "Tag changes published."}),
-		messages:   prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_messages_total", Help: "Invalidation messages published to JetStream."}),
-		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_heartbeats_total", Help: "Heartbeats published."}),
-		flushes:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_flushes_total", Help: "Table flushes published, by reason."}, []string{"reason"}),
-		lagBytes:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_bytes", Help: "Server WAL end minus the last heartbeat published."}),
-		lagSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_seconds", Help: "Age of the last transaction published when it was published (0 when caught up)."}),
-		confirmed:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_confirmed_lsn", Help: "The slot position confirmed to PostgreSQL."}),
+		commits:      prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_commits_total", Help: "Committed transactions decoded."}),
+		rows:         prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_row_changes_total", Help: "Row changes (insert, update, delete) decoded."}),
+		tags:         prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_tags_total", Help: "Tag changes published."}),
+		messages:     prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_messages_total", Help: "Invalidation messages published to JetStream."}),
+		heartbeats:   prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_heartbeats_total", Help: "Heartbeats published."}),
+		flushes:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_flushes_total", Help: "Table flushes published, by reason."}, []string{"reason"}),
+		lagBytes:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_bytes", Help: "Server WAL end minus the last heartbeat published."}),
+		lagSeconds:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_seconds", Help: "Age of the last transaction published when it was published (0 when caught up)."}),
+		confirmed:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_confirmed_lsn", Help: "The slot position confirmed to PostgreSQL."}),
+		slotsCreated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_slots_created_total", Help: "Replication slots created (each followed by a flush of every table), by reason: missing, lost."}, []string{"reason"}),
+		slotStatus:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_slot_wal_status", Help: "1 for the replication slot's current wal_status, 0 for the others."}, []string{"status"}),
+		slotRetained: prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_slot_retained_wal_bytes", Help: "WAL the replication slot retains: current WAL position minus its restart_lsn."}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "larder_invalidator_publish_latency_seconds",
 			Help:    "Commit (PostgreSQL's commit time) to hand-off to NATS.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
-	for _, r := range []string{"truncate", "schema", "large_transaction"} {
+	for _, r := range []string{"truncate", "schema", "ddl", "slot", "large_transaction"} {
 		m.flushes.WithLabelValues(r)
 	}
+	for _, r := range []string{"missing", "lost"} {
+		m.slotsCreated.WithLabelValues(r)
+	}
 	if reg != nil {
-		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency)
+		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency,
+			m.slotsCreated, m.slotStatus, m.slotRetained)
 	}
 	return m
 }

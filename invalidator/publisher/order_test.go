@@ -203,6 +203,7 @@ type streamStats struct {
 	duplicates          int // (xid, subject) pairs stored more than once, counting the extra copies
 	txns                int // distinct transactions
 	interleaved         int // heartbeats before the last transaction message
+	slotFlushMsgs       int // messages of the flushes of new slots
 }
 
 // verifyStream checks a stream read from its start:
@@ -255,6 +256,12 @@ func verifyStream(t *testing.T, prefix string, msgs []invalidation.Message, w *w
 		lastCommit = max(lastCommit, tx.CommitLSN)
 		if tx.CommitLSN <= lastHB {
 			report("after heartbeat", "message %d: xid %d at %X after heartbeat %X", i, tx.XID, tx.CommitLSN, lastHB)
+		}
+		if tx.XID == 0 {
+			// A new slot's flush of every table, at its consistent point
+			// (checked in slot_test.go).
+			st.slotFlushMsgs++
+			continue
 		}
 		if l, ok := lsnOf[tx.XID]; ok && l != tx.CommitLSN {
 			report("xid LSN", "xid %d at %X and at %X", tx.XID, l, tx.CommitLSN)

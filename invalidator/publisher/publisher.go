@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -59,11 +60,16 @@ type Config struct {
 	// FixReplicaIdentity runs the ALTER TABLE … REPLICA IDENTITY FULL the
 	// start-up check asks for instead of refusing to start.
 	FixReplicaIdentity bool
-	NATS               *nats.Conn    // made with nats.ReconnectBufSize(-1)
-	SubjectPrefix      string        // default "larder"
-	Heartbeat          time.Duration // default 75ms
-	StreamMaxAge       time.Duration // default 1h
-	StreamMemory       bool          // memory storage instead of file
+	// NoDDLTrigger runs without the DDL event triggers (which need a
+	// superuser to install): a schema change then flushes its table only
+	// when the table's next row change is decoded, and changes to
+	// functions, views, policies and privileges flush nothing.
+	NoDDLTrigger  bool
+	NATS          *nats.Conn    // made with nats.ReconnectBufSize(-1)
+	SubjectPrefix string        // default "larder"
+	Heartbeat     time.Duration // default 75ms
+	StreamMaxAge  time.Duration // default 1h
+	StreamMemory  bool          // memory storage instead of file
 	// MaxTagsPerTxn bounds the keyed tags of one transaction; past it the
 	// transaction flushes the tables it touched instead (default 10000).
 	MaxTagsPerTxn int
@@ -118,18 +124,22 @@ type Publisher struct {
 	m   *metrics
 	js  jetstream.JetStream
 
+	// conn is the session's ordinary connection: heartbeats, slot
+	// statistics and catalog reloads take connMu to use it.
+	conn   *pgx.Conn
+	connMu sync.Mutex
+
 	tables    map[string]*tableInfo
 	setsMu    sync.Mutex
 	sets      map[string][][]string // published tag column sets, for TagSets
 	relations map[uint32]*relation
-	checked   map[uint32]bool // relations compared with the catalog this session
 
 	// the open transaction
-	inTxn  bool
-	hbTxn  bool // the open transaction is a heartbeat
-	begin  pglogrepl.BeginMessage
-	cs     changeSet
-	schema []string // tables whose schema changed in this transaction
+	inTxn bool
+	hbTxn bool // the open transaction is a heartbeat
+	begin pglogrepl.BeginMessage
+	cs    changeSet
+	ddl   []ddlPayload // the transaction's larder.ddl messages
 
 	pending   []jetstream.PubAckFuture
 	confirmed pglogrepl.LSN // slot position: everything before it is acknowledged
@@ -156,9 +166,15 @@ func (p *Publisher) Run(ctx context.Context) error {
 		return fmt.Errorf("publisher: connect: %w", err)
 	}
 	defer conn.Close(context.Background())
+	p.conn = conn
 
 	if err := p.ensurePublication(ctx, conn); err != nil {
 		return err
+	}
+	if !cfg.NoDDLTrigger {
+		if err := p.ensureDDLTrigger(ctx, conn); err != nil {
+			return err
+		}
 	}
 	if p.tables, err = loadTables(ctx, conn, cfg.Publication); err != nil {
 		return err
@@ -198,32 +214,36 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	defer repl.Close(context.Background())
 
-	start, err := p.ensureSlot(ctx, conn, repl)
-	if err != nil {
-		return err
-	}
-	err = pglogrepl.StartReplication(ctx, repl, cfg.Slot, start, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + cfg.Publication + "'", "messages 'true'"},
-	})
-	if err != nil {
-		return fmt.Errorf("publisher: start replication from %s: %w", start, err)
-	}
 	// A new session: nothing of the last one carries over.
-	p.confirmed = start
 	clear(p.pending)
 	p.pending = p.pending[:0]
 	p.inTxn, p.hbTxn = false, false
 	p.cs.reset()
-	p.schema = p.schema[:0]
+	p.ddl = p.ddl[:0]
 	p.lastSent = time.Time{}
 	p.relations = map[uint32]*relation{}
-	p.checked = map[uint32]bool{}
+
+	start, err := p.ensureSlot(ctx, conn, repl)
+	if err != nil {
+		return err
+	}
+	p.slotStats(ctx)
+	err = pglogrepl.StartReplication(ctx, repl, cfg.Slot, start, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + cfg.Publication + "'", "messages 'true'"},
+	})
+	if err != nil {
+		return p.slotFailed(ctx, fmt.Errorf("publisher: start replication from %s: %w", start, err))
+	}
+	p.confirmed = start
 	cfg.Log.Info("replicating", "slot", cfg.Slot, "publication", cfg.Publication, "from", start.String(), "tables", len(p.tables))
 
 	hbCtx, stopHB := context.WithCancel(ctx)
 	hbDone := make(chan error, 1)
 	go func() { hbDone <- p.emitHeartbeats(hbCtx, conn) }()
 	err = p.receive(ctx, repl)
+	if err != nil && ctx.Err() == nil {
+		err = p.slotFailed(ctx, err)
+	}
 	stopHB()
 	hbErr := <-hbDone
 	if ctx.Err() != nil {
@@ -235,22 +255,23 @@ func (p *Publisher) Run(ctx context.Context) error {
 	return err
 }
 
-// noteSets records the tag column sets in effect.
+// noteSets records the tables covered and their tag column sets.
 func (p *Publisher) noteSets() {
 	sets := map[string][][]string{}
 	for name, t := range p.tables {
-		if len(t.sets) > 0 {
-			sets[name] = t.sets
-		}
+		s := make([][]string, 0, len(t.sets))
+		sets[name] = append(s, t.sets...)
 	}
 	p.setsMu.Lock()
 	p.sets = sets
 	p.setsMu.Unlock()
 }
 
-// TagSets returns the tag column sets the publisher publishes keyed tags
-// for (nil before its first Run read the catalogs). Tables it tracks but
-// that are absent here get table tags only.
+// TagSets returns every table whose changes the publisher publishes, with
+// the tag column sets it publishes keyed tags for (empty: table tags
+// only); nil before its first Run read the catalogs. A table absent is
+// not covered: nothing reading it may be cached. It changes after schema
+// changes (see SchemaChangedSubject).
 func (p *Publisher) TagSets() map[string][][]string {
 	p.setsMu.Lock()
 	defer p.setsMu.Unlock()
@@ -281,11 +302,25 @@ func (p *Publisher) ensurePublication(ctx context.Context, conn *pgx.Conn) error
 	return nil
 }
 
+// ensureSlot returns where to start replicating. A slot PostgreSQL
+// invalidated (wal_status lost: it exceeded max_slot_wal_keep_size) is
+// dropped. A slot the publisher creates starts at its consistent point,
+// and the commits before it that no slot decoded (the slot was dropped or
+// lost, or never existed) may have changed anything: every covered table
+// is flushed at that point before anything else is published.
 func (p *Publisher) ensureSlot(ctx context.Context, conn *pgx.Conn, repl *pgconn.PgConn) (pglogrepl.LSN, error) {
 	var plugin string
-	var confirmed *string
-	err := conn.QueryRow(ctx, `SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, p.cfg.Slot).Scan(&plugin, &confirmed)
-	if err == nil {
+	var confirmed, walStatus *string
+	err := conn.QueryRow(ctx, `SELECT plugin, confirmed_flush_lsn::text, wal_status FROM pg_replication_slots WHERE slot_name = $1`, p.cfg.Slot).Scan(&plugin, &confirmed, &walStatus)
+	reason := "missing"
+	switch {
+	case err == nil && walStatus != nil && *walStatus == "lost":
+		p.cfg.Log.Warn("the replication slot was invalidated (wal_status lost: it exceeded max_slot_wal_keep_size); dropping and recreating it, then flushing every table", "slot", p.cfg.Slot)
+		if err := p.dropSlot(ctx, conn); err != nil {
+			return 0, err
+		}
+		reason = "lost"
+	case err == nil:
 		if plugin != "pgoutput" {
 			return 0, fmt.Errorf("publisher: slot %s uses plugin %s; want pgoutput", p.cfg.Slot, plugin)
 		}
@@ -293,8 +328,7 @@ func (p *Publisher) ensureSlot(ctx context.Context, conn *pgx.Conn, repl *pgconn
 			return 0, nil
 		}
 		return pglogrepl.ParseLSN(*confirmed)
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
+	case !errors.Is(err, pgx.ErrNoRows):
 		return 0, fmt.Errorf("publisher: look up slot: %w", err)
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, p.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
@@ -305,8 +339,95 @@ func (p *Publisher) ensureSlot(ctx context.Context, conn *pgx.Conn, repl *pgconn
 	if err != nil {
 		return 0, fmt.Errorf("publisher: slot consistent point: %w", err)
 	}
-	p.cfg.Log.Info("created replication slot", "slot", p.cfg.Slot, "at", lsn.String())
+	p.m.slotsCreated.WithLabelValues(reason).Inc()
+	p.cfg.Log.Info("created replication slot; flushing every table at its consistent point", "slot", p.cfg.Slot, "at", lsn.String(), "reason", reason, "tables", len(p.tables))
+	if err := p.flushAll(ctx, lsn); err != nil {
+		// Without its flush the slot must not be used: the next session
+		// creates it again.
+		if derr := p.dropSlot(ctx, conn); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return 0, err
+	}
 	return lsn, nil
+}
+
+// flushAll publishes a flush of every covered table at lsn and waits for
+// JetStream's acknowledgements.
+func (p *Publisher) flushAll(ctx context.Context, lsn pglogrepl.LSN) error {
+	names := make([]string, 0, len(p.tables))
+	for name := range p.tables {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	p.cs.reset()
+	defer p.cs.reset()
+	for _, name := range names {
+		p.cs.flush(name)
+	}
+	txn := invalidation.Txn{CommitLSN: uint64(lsn), EndLSN: uint64(lsn), CommitTime: time.Now()}
+	if err := p.publish(&txn, p.cs.changes); err != nil {
+		return err
+	}
+	p.m.flushes.WithLabelValues("slot").Add(float64(len(names)))
+	if err := p.awaitAcks(ctx); err != nil {
+		return fmt.Errorf("publisher: flush at the new slot's consistent point: %w", err)
+	}
+	return nil
+}
+
+func (p *Publisher) dropSlot(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, p.cfg.Slot); err != nil {
+		return fmt.Errorf("publisher: drop slot %s: %w", p.cfg.Slot, err)
+	}
+	return nil
+}
+
+// slotFailed looks at the slot after a replication error: a slot
+// PostgreSQL invalidated meanwhile (it can no longer get changes) is
+// dropped, so that the next session creates it again and flushes.
+func (p *Publisher) slotFailed(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	var status *string
+	if qerr := p.conn.QueryRow(ctx, `SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1`, p.cfg.Slot).Scan(&status); qerr != nil || status == nil || *status != "lost" {
+		return err
+	}
+	p.cfg.Log.Warn("the replication slot was invalidated (wal_status lost); dropping it: the next session recreates it and flushes every table", "slot", p.cfg.Slot, "err", err)
+	if derr := p.dropSlot(ctx, p.conn); derr != nil {
+		return errors.Join(err, errSlotLost, derr)
+	}
+	return errors.Join(err, errSlotLost)
+}
+
+// slotStats updates the slot's metrics: WAL it retains and wal_status.
+func (p *Publisher) slotStats(ctx context.Context) {
+	var status *string
+	var retained *float64
+	err := p.conn.QueryRow(ctx, `SELECT wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::float8 FROM pg_replication_slots WHERE slot_name = $1`, p.cfg.Slot).Scan(&status, &retained)
+	if err != nil {
+		if ctx.Err() == nil && !errors.Is(err, pgx.ErrNoRows) {
+			p.cfg.Log.Warn("read the slot's statistics", "err", err)
+		}
+		return
+	}
+	st := "unknown"
+	if status != nil {
+		st = *status
+	}
+	for _, s := range slotStatuses {
+		v := 0.0
+		if s == st {
+			v = 1
+		}
+		p.m.slotStatus.WithLabelValues(s).Set(v)
+	}
+	if retained != nil {
+		p.m.slotRetained.Set(*retained)
+	}
 }
 
 func (p *Publisher) ensureStream(ctx context.Context) error {
@@ -334,15 +455,24 @@ func (p *Publisher) ensureStream(ctx context.Context) error {
 // it gives the pincushion a commit to place pins against even when the
 // database is otherwise idle.
 func (p *Publisher) emitHeartbeats(ctx context.Context, conn *pgx.Conn) error {
+	const statsEvery = 5 * time.Second
 	t := time.NewTicker(p.cfg.Heartbeat)
 	defer t.Stop()
+	lastStats := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
-		if _, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, '')`, HeartbeatPrefix); err != nil {
+		p.connMu.Lock()
+		_, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, '')`, HeartbeatPrefix)
+		if err == nil && time.Since(lastStats) >= statsEvery {
+			p.slotStats(ctx)
+			lastStats = time.Now()
+		}
+		p.connMu.Unlock()
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -438,7 +568,7 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed
 	case *pglogrepl.BeginMessage:
 		p.inTxn, p.hbTxn, p.begin = true, false, *m
 		p.cs.reset()
-		p.schema = p.schema[:0]
+		p.ddl = p.ddl[:0]
 	case *pglogrepl.RelationMessage:
 		p.relationMessage(m)
 	case *pglogrepl.InsertMessage:
@@ -483,6 +613,16 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed
 			return true, p.heartbeat(ctx, uint64(m.CommitLSN), m.TransactionEndLSN)
 		}
 	case *pglogrepl.LogicalDecodingMessage:
+		if m.Prefix == DDLPrefix && m.Transactional && p.inTxn {
+			d, err := parseDDL(m.Content)
+			if err != nil {
+				// In doubt, flush everything.
+				p.cfg.Log.Error("unreadable schema change message: flushing every table", "err", err, "payload", string(m.Content))
+				d = ddlPayload{V: 1, Tag: "unreadable " + DDLPrefix + " message", Global: true}
+			}
+			p.ddl = append(p.ddl, d)
+			return false, nil
+		}
 		if m.Prefix != HeartbeatPrefix {
 			return false, nil
 		}
@@ -521,7 +661,7 @@ func (p *Publisher) relationMessage(m *pglogrepl.RelationMessage) {
 		p.cfg.Log.Warn("tag column set names a column the table lacks; not published", "set", miss)
 	}
 	old := p.relations[m.RelationID]
-	changed := old != nil && !old.sameShape(r)
+	changed := old != nil && !old.afterDDL && !old.sameShape(r)
 	if old == nil && p.tables[name] == nil && len(p.tables) > 0 {
 		changed = true // a table created since start-up: nothing cached can predate it, but be safe
 	}
@@ -543,13 +683,51 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 		p.m.commits.Inc()
 		p.m.rows.Add(float64(p.cs.rows))
 	}
-	changes := p.cs.changes
-	if len(changes) == 0 {
-		return nil
+	var schema *invalidation.SchemaChange
+	if len(p.ddl) > 0 {
+		flushed, err := p.applyDDL(ctx, p.begin.Xid)
+		if err != nil {
+			return err
+		}
+		schema = &invalidation.SchemaChange{CommitLSN: uint64(m.CommitLSN), Flushed: flushed}
+		p.ddl = p.ddl[:0]
 	}
+	changes := p.cs.changes
 	if len(changes) > p.cfg.MaxTagsPerTxn {
 		changes = collapse(changes)
 		p.m.flushes.WithLabelValues("large_transaction").Inc()
+	}
+	txn := invalidation.Txn{CommitLSN: uint64(m.CommitLSN), EndLSN: uint64(m.TransactionEndLSN), XID: p.begin.Xid, CommitTime: m.CommitTime}
+	if err := p.publish(&txn, changes); err != nil {
+		return err
+	}
+	if schema != nil {
+		// Core NATS, after the flushes were handed to JetStream and the
+		// tag sets reply was updated: clients re-read both.
+		if err := p.cfg.NATS.Publish(invalidation.SchemaChangedSubject(p.cfg.SubjectPrefix), schema.Append(nil)); err != nil {
+			p.cfg.Log.Warn("publish the schema change notice", "err", err)
+		}
+	}
+	if len(changes) == 0 {
+		return nil
+	}
+	if len(p.pending) >= maxPending {
+		// Every commit up to this one is published: a heartbeat here keeps
+		// memory bounded and the slot moving during a catch-up.
+		if err := p.heartbeat(ctx, uint64(m.CommitLSN), m.TransactionEndLSN); err != nil {
+			return err
+		}
+	}
+	p.m.lagSeconds.Set(time.Since(m.CommitTime).Seconds())
+	p.m.publishLatency.Observe(max(time.Since(m.CommitTime).Seconds(), 0))
+	return nil
+}
+
+// publish hands the changes of one transaction to JetStream, one message
+// per subject.
+func (p *Publisher) publish(txn *invalidation.Txn, changes []invalidation.Change) error {
+	if len(changes) == 0 {
+		return nil
 	}
 	bySubject := map[string][]invalidation.Change{}
 	var order []string
@@ -563,10 +741,9 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 		}
 		bySubject[s] = append(bySubject[s], c)
 	}
-	txn := invalidation.Txn{CommitLSN: uint64(m.CommitLSN), EndLSN: uint64(m.TransactionEndLSN), XID: p.begin.Xid, CommitTime: m.CommitTime}
 	for _, s := range order {
 		txn.Changes = bySubject[s]
-		p.buf = invalidation.AppendTxn(p.buf[:0], &txn)
+		p.buf = invalidation.AppendTxn(p.buf[:0], txn)
 		msg := &nats.Msg{Subject: s, Data: append([]byte(nil), p.buf...)}
 		f, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(invalidation.MsgID(txn.CommitLSN, s)), jetstream.WithStallWait(30*time.Second))
 		if err != nil {
@@ -575,16 +752,8 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 		p.pending = append(p.pending, f)
 		p.m.messages.Inc()
 	}
+	txn.Changes = nil
 	p.m.tags.Add(float64(len(changes)))
-	if len(p.pending) >= maxPending {
-		// Every commit up to this one is published: a heartbeat here keeps
-		// memory bounded and the slot moving during a catch-up.
-		if err := p.heartbeat(ctx, uint64(m.CommitLSN), m.TransactionEndLSN); err != nil {
-			return err
-		}
-	}
-	p.m.lagSeconds.Set(time.Since(m.CommitTime).Seconds())
-	p.m.publishLatency.Observe(max(time.Since(m.CommitTime).Seconds(), 0))
 	return nil
 }
 

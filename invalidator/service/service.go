@@ -23,15 +23,18 @@ import (
 
 // Options configure the invalidator service.
 type Options struct {
-	PG           string // PostgreSQL URL of a user that may replicate
-	NATS         string // NATS URL
-	QUMA         string // QUMA file with the tag column sets; "" for each table's keys
-	Slot         string
-	Publication  string
-	Tables       []string // for a new publication; empty: all tables
-	Prefix       string   // NATS subject prefix
-	Heartbeat    time.Duration
-	FixIdentity  bool
+	PG          string // PostgreSQL URL of a user that may replicate
+	NATS        string // NATS URL
+	QUMA        string // QUMA file with the tag column sets; "" for each table's keys
+	Slot        string
+	Publication string
+	Tables      []string // for a new publication; empty: all tables
+	Prefix      string   // NATS subject prefix
+	Heartbeat   time.Duration
+	FixIdentity bool
+	// NoDDLTrigger accepts running without the DDL event triggers (see
+	// publisher.Config.NoDDLTrigger).
+	NoDDLTrigger bool
 	StreamMaxAge time.Duration
 	StreamMemory bool
 	Metrics      string // address of /metrics; "" for none
@@ -76,10 +79,12 @@ func (o *Options) Validate() error {
 var ErrConfig = errors.New("configuration")
 
 // IsConfig reports whether err is a configuration error (including a
-// replica identity the start-up check refused).
+// replica identity the start-up check refused, and DDL event triggers
+// that could not be installed).
 func IsConfig(err error) bool {
 	var ie *publisher.IdentityError
-	return errors.Is(err, ErrConfig) || errors.As(err, &ie)
+	var te *publisher.DDLTriggerError
+	return errors.Is(err, ErrConfig) || errors.As(err, &ie) || errors.As(err, &te)
 }
 
 // Run runs the publisher (resuming from the slot after any failure) and
@@ -130,6 +135,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		Tables:             o.Tables,
 		TagColumns:         sets,
 		FixReplicaIdentity: o.FixIdentity,
+		NoDDLTrigger:       o.NoDDLTrigger,
 		NATS:               nc,
 		SubjectPrefix:      o.Prefix,
 		Heartbeat:          o.Heartbeat,
@@ -143,7 +149,9 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 
-	// Clients ask which tag column sets are published before keying on any.
+	// Clients ask which tables are covered, and which tag column sets are
+	// published, before caching anything; they ask again after a notice on
+	// SchemaChangedSubject.
 	setsSub, err := nc.Subscribe(invalidation.TagSetsSubject(o.Prefix), func(m *nats.Msg) {
 		sets := pub.TagSets()
 		if sets == nil || m.Reply == "" {
@@ -179,7 +187,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	}
 
 	// The publisher resumes from the slot after any failure; only a
-	// configuration error (replica identity) stops the process.
+	// configuration error (replica identity, DDL triggers) stops the
+	// process.
 	backoff := time.Second
 	for {
 		start := time.Now()
@@ -187,8 +196,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		if ctx.Err() != nil {
 			break
 		}
-		var ie *publisher.IdentityError
-		if errors.As(err, &ie) {
+		if IsConfig(err) {
 			return err
 		}
 		if time.Since(start) > time.Minute {
