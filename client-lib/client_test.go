@@ -621,7 +621,7 @@ func TestOnlyPublishedTagSetsAreUsed(t *testing.T) {
 		sql   string
 		keyed bool
 	}{{readBalance, true}, {byVer, false}} {
-		tpl, err := c.analyzer.Prepare(c2.sql)
+		tpl, err := c.keying.Load().analyzer(c.poolScope.Load().path).Prepare(c2.sql)
 		if err != nil {
 			t.Fatal(err)
 		}
