@@ -34,13 +34,14 @@ const (
 // policy's, trigger's, constraint's or default's table, with the whole
 // partition tree around each. Anything else (functions, views, types,
 // schemas, GRANT/REVOKE, ALTER DEFAULT PRIVILEGES, extensions, …) is
-// "global". Temporary tables are left out. Sequences and TOAST tables
+// "global". Temporary relations are left out. Sequences and TOAST tables
 // change no result.
 const ddlEndBody = `
 DECLARE
   r record;
   rel oid;
   kind "char";
+  pers "char";
   glob boolean := false;
   rels oid[] := '{}';
   tabs jsonb;
@@ -50,8 +51,10 @@ BEGIN
     IF r.classid IS NULL THEN
       glob := true;
     ELSIF r.classid = 'pg_class'::regclass THEN
-      SELECT c.relkind INTO kind FROM pg_class c WHERE c.oid = r.objid;
-      IF kind IN ('r', 'p') THEN
+      SELECT c.relkind, c.relpersistence INTO kind, pers FROM pg_class c WHERE c.oid = r.objid;
+      IF pers = 't' THEN
+        NULL;
+      ELSIF kind IN ('r', 'p') THEN
         rel := r.objid;
       ELSIF kind IN ('i', 'I') THEN
         SELECT i.indrelid INTO rel FROM pg_index i WHERE i.indexrelid = r.objid;
@@ -103,7 +106,7 @@ DECLARE
   idx jsonb := '[]';
 BEGIN
   FOR r IN SELECT * FROM pg_event_trigger_dropped_objects() LOOP
-    CONTINUE WHEN r.is_temporary;
+    CONTINUE WHEN r.is_temporary OR r.address_names[1] = 'pg_temp';
     IF r.classid = 'pg_class'::regclass THEN
       IF r.objsubid <> 0 OR r.object_type = 'table' THEN
         tabs := tabs || jsonb_build_object('oid', r.objid::bigint, 'schema', r.address_names[1], 'name', r.address_names[2]);
