@@ -15,6 +15,8 @@ const DefaultPrefix = "larder"
 //	p.inv.<h>   invalidations of the tag whose canonical name hashes to h
 //	p.inv.<f>   flushes of a table (h of "flush:" + table name)
 //	p.hb        heartbeats
+//	p.schema.changed  notices of decoded schema changes (core NATS)
+//	p.config.tagsets  request/reply: coverage and tag column sets
 //
 // h is the first 8 bytes of SHA-256 of the name, in hex: fixed length, no
 // user data in subject names. Two names hashing alike only make a
@@ -26,9 +28,12 @@ func TagSubject(prefix, tag string) string { return prefix + ".inv." + hashName(
 // FlushSubject returns the subject of a table's flushes.
 func FlushSubject(prefix, table string) string { return prefix + ".inv." + hashName("flush:"+table) }
 
-// TagSetsSubject answers requests with the tag column sets the invalidator
-// publishes (JSON: {"schema.table": [["col", …], …]}). A client must not
-// key a result on a set the invalidator does not publish.
+// TagSetsSubject answers requests with the tables the invalidator covers
+// and the tag column sets it publishes (JSON: {"schema.table": [["col",
+// …], …]}, [] for a covered table without sets). A table absent is not
+// covered: a client must not cache a result reading it, nor key a result
+// on a set the invalidator does not publish. The reply follows schema
+// changes (see SchemaChangedSubject).
 func TagSetsSubject(prefix string) string { return prefix + ".config.tagsets" }
 
 // HeartbeatSubject returns the heartbeat subject.
