@@ -3,6 +3,8 @@ package service
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"reflect"
@@ -14,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/larderdb/larder/internal/testenv"
+	"github.com/larderdb/larder/invalidator/publisher"
 )
 
 var env *testenv.Env
@@ -131,4 +134,12 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(b), "\n"))
 	return len(b), nil
+}
+
+// Event triggers that cannot be installed stop the invalidator (exit 2),
+// like a refused replica identity.
+func TestDDLTriggerErrorIsConfig(t *testing.T) {
+	if !IsConfig(fmt.Errorf("start: %w", &publisher.DDLTriggerError{Err: errors.New("permission denied")})) {
+		t.Error("a DDLTriggerError is not a configuration error")
+	}
 }
