@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // DDLPrefix is the prefix of the transactional logical decoding messages
@@ -159,7 +160,8 @@ func parseDDL(b []byte) (ddlPayload, error) {
 }
 
 // DDLTriggerError says the event triggers that make schema changes
-// invalidate by themselves are missing and could not be installed.
+// invalidate by themselves are missing or outdated, and the user may not
+// install them.
 type DDLTriggerError struct{ Err error }
 
 func (e *DDLTriggerError) Error() string {
@@ -208,8 +210,14 @@ WHERE e.evtenabled = 'A' AND e.evttags IS NULL AND (
 		}
 		return nil
 	})
-	if err != nil {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 		return &DDLTriggerError{Err: err}
+	}
+	if err != nil {
+		// Anything else (two invalidators installing at once) is worth
+		// another try.
+		return fmt.Errorf("publisher: install the DDL event triggers: %w", err)
 	}
 	p.cfg.Log.Info("installed the DDL event triggers", "triggers", ddlEndTrigger+", "+ddlDropTrigger)
 	return nil
@@ -383,6 +391,3 @@ func equalSets(a, b [][]string) bool {
 	}
 	return true
 }
-
-// errSlotLost marks a slot PostgreSQL invalidated.
-var errSlotLost = errors.New("publisher: the replication slot was invalidated (wal_status lost)")

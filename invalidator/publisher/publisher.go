@@ -383,6 +383,9 @@ func (p *Publisher) dropSlot(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
+// errSlotLost marks a slot PostgreSQL invalidated.
+var errSlotLost = errors.New("publisher: the replication slot was invalidated (wal_status lost)")
+
 // slotFailed looks at the slot after a replication error: a slot
 // PostgreSQL invalidated meanwhile (it can no longer get changes) is
 // dropped, so that the next session creates it again and flushes.
