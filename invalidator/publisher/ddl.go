@@ -325,14 +325,16 @@ func (p *Publisher) applyDDL(ctx context.Context, xid uint32) ([]string, error) 
 	return names, nil
 }
 
-// loadCatalog reads the publication's tables, as transaction xid left
-// them, and chooses their tag sets. The connection is shared with the
-// heartbeats.
+// loadCatalog reads the publication's tables, as transaction xid (0:
+// any) left them, and chooses their tag sets. The connection is shared
+// with the heartbeats.
 func (p *Publisher) loadCatalog(ctx context.Context, xid uint32) (map[string]*tableInfo, error) {
 	p.connMu.Lock()
 	defer p.connMu.Unlock()
-	if err := awaitVisible(ctx, p.conn, xid); err != nil {
-		return nil, err
+	if xid != 0 {
+		if err := awaitVisible(ctx, p.conn, xid); err != nil {
+			return nil, err
+		}
 	}
 	tables, err := loadTables(ctx, p.conn, p.cfg.Publication)
 	if err != nil {

@@ -340,8 +340,24 @@ func (p *Publisher) ensureSlot(ctx context.Context, conn *pgx.Conn, repl *pgconn
 		return 0, fmt.Errorf("publisher: slot consistent point: %w", err)
 	}
 	p.m.slotsCreated.WithLabelValues(reason).Inc()
-	p.cfg.Log.Info("created replication slot; flushing every table at its consistent point", "slot", p.cfg.Slot, "at", lsn.String(), "reason", reason, "tables", len(p.tables))
-	if err := p.flushAll(ctx, lsn); err != nil {
+	// The slot decodes the commits after its consistent point: the catalog
+	// to start from is the one read now (a schema change made since the
+	// start-up read is in neither).
+	after, err := p.loadCatalog(ctx, 0)
+	if err == nil {
+		names := map[string]bool{}
+		for name := range p.tables {
+			names[name] = true
+		}
+		for name := range after {
+			names[name] = true
+		}
+		p.tables = after
+		p.noteSets()
+		p.cfg.Log.Info("created replication slot; flushing every table at its consistent point", "slot", p.cfg.Slot, "at", lsn.String(), "reason", reason, "tables", len(names))
+		err = p.flushAll(ctx, lsn, names)
+	}
+	if err != nil {
 		// Without its flush the slot must not be used: the next session
 		// creates it again.
 		if derr := p.dropSlot(ctx, conn); derr != nil {
@@ -352,11 +368,11 @@ func (p *Publisher) ensureSlot(ctx context.Context, conn *pgx.Conn, repl *pgconn
 	return lsn, nil
 }
 
-// flushAll publishes a flush of every covered table at lsn and waits for
+// flushAll publishes a flush of the tables at lsn and waits for
 // JetStream's acknowledgements.
-func (p *Publisher) flushAll(ctx context.Context, lsn pglogrepl.LSN) error {
-	names := make([]string, 0, len(p.tables))
-	for name := range p.tables {
+func (p *Publisher) flushAll(ctx context.Context, lsn pglogrepl.LSN, tables map[string]bool) error {
+	names := make([]string, 0, len(tables))
+	for name := range tables {
 		names = append(names, name)
 	}
 	sort.Strings(names)

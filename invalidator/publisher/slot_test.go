@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,6 +66,30 @@ func (h *harness) resumeAfterGap(cfg Config, from pglogrepl.LSN) []invalidation.
 	return out
 }
 
+// dropSlot drops h's slot once the stopped publisher's walsender has
+// released it.
+func (h *harness) dropSlot() {
+	h.t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var active bool
+		if err := h.conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", h.slot).Scan(&active); err != nil {
+			h.t.Fatal(err)
+		}
+		if !active {
+			break
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatal("the slot is still active a minute after the publisher stopped")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := h.conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", h.slot); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 // checkSlotFlush requires, first among msgs, a flush of every table at
 // one LSN at or after gapEnd (the WAL position after the last commit of
 // the gap), before any other message.
@@ -110,9 +135,7 @@ func TestRecreatedSlotFlushesEveryTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	from := h.walLSN()
-	if _, err := h.conn.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", h.slot); err != nil {
-		t.Fatal(err)
-	}
+	h.dropSlot()
 	gapEnd := h.exec("UPDATE items SET qty = 7 WHERE id = 1")
 
 	reg := prometheus.NewRegistry()

@@ -111,6 +111,15 @@ CREATE TABLE notes (id int PRIMARY KEY, body text);`); err != nil {
 	if got := ask(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("tag sets reply with --tables items,logs:\n got %v\nwant %v", got, want)
 	}
+	// Replicating (the reply comes first) once a heartbeat is published.
+	hb, err := nc.SubscribeSync("cov.hb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hb.NextMsg(60 * time.Second); err != nil {
+		t.Fatalf("no heartbeat: %v", err)
+	}
+	_ = hb.Unsubscribe()
 	if _, err := conn.Exec(ctx, "ALTER PUBLICATION cov ADD TABLE notes"); err != nil {
 		t.Fatal(err)
 	}
