@@ -45,7 +45,7 @@ type ROTx struct {
 	// driver asks for (text for most types), so that database/sql sees the
 	// same values cached or not; such results are keyed apart.
 	sqlFormats bool
-	ts    uint64
+	ts         uint64
 	// fallback: no pin was usable; the transaction runs on a fresh
 	// snapshot, without the cache.
 	fallback bool

@@ -38,9 +38,9 @@ func TestReadYourWritesEveryWriteAPI(t *testing.T) {
 	c := s.client(t, 4<<20)
 	db := openDB(t, DriverName, s.dsn("larder.l1=4194304"))
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer cancel()
 	wg.Add(1)
 	go func() { // a concurrent writer on account 4
 		defer wg.Done()
