@@ -194,21 +194,45 @@ func (c *Client) followSchema() {
 // sessionScope is what a session's results depend on besides the
 // statement: key names the roles and every setting; path is the search
 // path as PostgreSQL resolves it for the session (current_schemas).
+// temp: the session has a temporary schema, whose tables come first on
+// its path and may shadow any name; the catalog the client reads cannot
+// see them, so nothing the session reads is cached.
 type sessionScope struct {
 	key  string
 	path []string
+	temp bool
 }
 
 // scopeSQL reads a session's scope: the current and session roles and
-// every setting, custom ones (RLS variables such as app.tenant) included,
-// hashed, and the resolved search path. Only settings that cannot change
-// a result are left out: the client's name and the transaction-scoped ones
-// (it is read outside transactions).
-const scopeSQL = `SELECT current_user || E'\n' || session_user || E'\n' || coalesce(encode(sha256(convert_to(
-  string_agg(name || '=' || coalesce(setting, ''), E'\n' ORDER BY name), 'UTF8')), 'hex'), ''),
-  pg_catalog.current_schemas(false)::text[]
-FROM pg_settings
-WHERE name NOT IN ('application_name', 'transaction_isolation', 'transaction_read_only', 'transaction_deferrable')`
+// every setting, hashed, and the resolved search path. Only settings that
+// cannot change a result are left out: the client's name and the
+// transaction-scoped ones (it is read outside transactions).
+//
+// Custom settings (app.tenant, read by a row-level-security policy) are
+// not listed by pg_settings while they are placeholders, which they are
+// unless an extension defines them. So the names that row-level-security
+// policies, views and the database's own functions read with
+// current_setting('…') are found in their definitions, and their values
+// in this session are part of the key too.
+const scopeSQL = `WITH custom AS (
+  SELECT DISTINCT lower(m[1]) AS name
+  FROM (SELECT coalesce(qual, '') || ' ' || coalesce(with_check, '') AS src FROM pg_catalog.pg_policies
+        UNION ALL SELECT definition FROM pg_catalog.pg_views WHERE schemaname NOT IN ('pg_catalog', 'information_schema')
+        UNION ALL SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+          WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')) s,
+    regexp_matches(s.src, 'current_setting\(\s*''([^'']+)''', 'g') AS m
+  WHERE position('.' in m[1]) > 0
+), settings AS (
+  SELECT name, setting FROM pg_catalog.pg_settings
+  WHERE name NOT IN ('application_name', 'transaction_isolation', 'transaction_read_only', 'transaction_deferrable')
+  UNION ALL
+  SELECT name, pg_catalog.current_setting(name, true) FROM custom
+  WHERE name NOT IN (SELECT name FROM pg_catalog.pg_settings)
+)
+SELECT current_user || E'\n' || session_user || E'\n' || coalesce(encode(sha256(convert_to(
+  string_agg(name || '=' || coalesce(setting, '<null>'), E'\n' ORDER BY name), 'UTF8')), 'hex'), ''),
+  pg_catalog.current_schemas(false)::text[], pg_catalog.pg_my_temp_schema() <> 0
+FROM settings`
 
 // dbConn is what a read-only transaction needs of a PostgreSQL session:
 // a pooled connection (native API) or a database/sql connection's own.
@@ -221,7 +245,7 @@ type dbConn interface {
 // readScope reads the session state that changes results (scopeSQL).
 func readScope(ctx context.Context, conn dbConn) (sessionScope, error) {
 	var sc sessionScope
-	if err := conn.QueryRow(ctx, scopeSQL).Scan(&sc.key, &sc.path); err != nil {
+	if err := conn.QueryRow(ctx, scopeSQL).Scan(&sc.key, &sc.path, &sc.temp); err != nil {
 		return sc, fmt.Errorf("larder: read the session's roles and settings: %w", err)
 	}
 	sc.key += "\n" + strings.Join(sc.path, ",")
@@ -313,11 +337,12 @@ func walAfterCommit(ctx context.Context, conn dbConn) (uint64, error) {
 }
 
 // release gives the connection back to the pool, unless the transaction
-// changed the session (a SET, SET ROLE): pooled read-only transactions
-// are keyed on the pool's session state, so such a connection is closed.
+// changed the session (a SET, SET ROLE, a temporary table): pooled
+// read-only transactions are keyed on the pool's session state, so such
+// a connection is closed.
 func (t *RWTx) release(ctx context.Context) {
 	if t.conn.Conn().PgConn().TxStatus() == 'I' {
-		if scope, err := readScope(ctx, t.conn); err == nil && scope.key == t.c.poolScope.Load().key {
+		if scope, err := readScope(ctx, t.conn); err == nil && !scope.temp && scope.key == t.c.poolScope.Load().key {
 			t.conn.Release()
 			return
 		}

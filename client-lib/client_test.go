@@ -79,12 +79,38 @@ func (s *stack) startInvalidator(t testing.TB) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- service.Run(ctx, s.invOpts, quiet) }()
+	var once sync.Once
 	s.stopInvalidator = func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("invalidator: %v", err)
-		}
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("invalidator: %v", err)
+			}
+		})
 	}
+}
+
+// dropSlot drops a replication slot once the walsender of a stopped
+// invalidator has let go of it.
+func (s *stack) dropSlot(slot string) error {
+	ctx := context.Background()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var active bool
+		if err := s.conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active); err != nil {
+			return fmt.Errorf("slot %s: %w", slot, err)
+		}
+		if !active {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("slot %s is still active 30 s after its invalidator stopped", slot)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := s.conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+		return fmt.Errorf("drop slot %s: %w", slot, err)
+	}
+	return nil
 }
 
 // startNode runs the cache-node on addr ("127.0.0.1:0" picks a port).

@@ -22,6 +22,7 @@ import (
 	"github.com/larderdb/larder/cache-node/redisstore"
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/servers"
+	"github.com/larderdb/larder/invalidator/publisher"
 )
 
 // TestHistoryUnderFaults runs the history checker of
@@ -38,26 +39,41 @@ import (
 // conformance suite (OutOfOrder) and the node's TestOutOfOrderAfterReconnect
 // fail deterministically on it.
 func TestHistoryUnderFaults(t *testing.T) {
+	orderDependent := func(on bool) { store.OrderDependentForTest.Store(on) }
 	for _, sc := range []struct {
 		name string
 		hr   func(t *testing.T) historyRun
+		// broken, when set, restores the bug the schedule is for; mustShow:
+		// the broken run must find violations (it does every time).
+		broken   func(bool)
+		mustShow bool
 	}{
-		{"node-NATS-cut", natsCutRun},
-		{"redis-node-killed", nodeKilledRun},
-		{"redis-server-restarts", redisRestartRun},
+		{"node-NATS-cut", natsCutRun, orderDependent, false},
+		{"redis-node-killed", nodeKilledRun, orderDependent, false},
+		{"redis-server-restarts", redisRestartRun, orderDependent, false},
+		{"slot-dropped", slotDroppedRun, publisher.SkipNewSlotFlushForTest.Store, true},
+		{"ddl-mid-run", ddlRun, nil, false},
 	} {
-		for _, legacy := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/order-dependent=%v", sc.name, legacy), func(t *testing.T) {
-				store.OrderDependentForTest.Store(legacy)
-				defer store.OrderDependentForTest.Store(false)
+		for _, broken := range []bool{false, true} {
+			if broken && sc.broken == nil {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/broken=%v", sc.name, broken), func(t *testing.T) {
+				if sc.broken != nil {
+					sc.broken(broken)
+					defer sc.broken(false)
+				}
 				violations, reads := transfersAndReadsWith(t, 0, sc.hr(t))
-				if legacy && len(violations) == 0 {
+				if broken && len(violations) == 0 {
+					if sc.mustShow {
+						t.Fatalf("the broken run passed %d transactions under %s: the schedule cannot show the bug", reads, sc.name)
+					}
 					// Not every run catches it: the stale interval is only
 					// as long as the fault, and a reader must land in it
 					// with the stale version as the newest that answers.
-					t.Skipf("the order-dependent node passed %d transactions under %s in this run: the schedule does not show the old bug reliably", reads, sc.name)
+					t.Skipf("the broken run passed %d transactions under %s in this run: the schedule does not show the old bug reliably", reads, sc.name)
 				}
-				if !legacy && len(violations) > 0 {
+				if !broken && len(violations) > 0 {
 					for i, v := range violations {
 						if i < 5 {
 							t.Log(v)
@@ -65,9 +81,56 @@ func TestHistoryUnderFaults(t *testing.T) {
 					}
 					t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
 				}
-				t.Logf("%d violations reported", len(violations))
+				t.Logf("%d violations reported in %d read-only transactions", len(violations), reads)
 			})
 		}
+	}
+}
+
+// slotDroppedRun: the invalidator stops, its replication slot is dropped
+// (as PostgreSQL does to a slot past max_slot_wal_keep_size, or an
+// operator), the writers go on for 500 ms, and the invalidator starts
+// again on a new slot, twice. What changed in the gap reaches no node but
+// through the new slot's flush of every table.
+func slotDroppedRun(t *testing.T) historyRun {
+	return historyRun{
+		faults: func(ctx context.Context, t *testing.T, s *stack, run time.Duration) {
+			faultTimes(ctx, run, 2, func(int) {
+				s.stopInvalidator()
+				if err := s.dropSlot(s.invOpts.Slot); err != nil {
+					t.Errorf("fault: %v", err)
+				}
+				t.Logf("fault: the invalidator's slot was dropped at WAL %s", walNow(t, s))
+				pause(ctx, 500*time.Millisecond)
+				t.Logf("fault: the invalidator starts on a new slot at WAL %s", walNow(t, s))
+				s.startInvalidator(t)
+			})
+		},
+	}
+}
+
+// ddlRun: schema changes without row changes while the writers and
+// readers run: the balance column's type changes (a table rewrite) and
+// back, and a column with a default is added and dropped. Each flushes
+// the table and makes clients read the catalog again; none may break a
+// transaction or mix snapshots.
+func ddlRun(t *testing.T) historyRun {
+	return historyRun{
+		faults: func(ctx context.Context, t *testing.T, s *stack, run time.Duration) {
+			ddl := []string{
+				"ALTER TABLE accounts ALTER COLUMN balance TYPE bigint",
+				"ALTER TABLE accounts ADD COLUMN note text DEFAULT 'x'",
+				"ALTER TABLE accounts ALTER COLUMN balance TYPE int",
+				"ALTER TABLE accounts DROP COLUMN note",
+			}
+			faultTimes(ctx, run, len(ddl), func(i int) {
+				if _, err := s.conn.Exec(context.Background(), ddl[i]); err != nil {
+					t.Errorf("%s: %v", ddl[i], err)
+					return
+				}
+				t.Logf("fault: %s at WAL %s", ddl[i], walNow(t, s))
+			})
+		},
 	}
 }
 

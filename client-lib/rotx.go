@@ -263,6 +263,11 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if t.fallback {
 		return t.onDB(ctx, sql, args)
 	}
+	if t.scope.temp {
+		t.c.stats.Uncacheable.Add(1)
+		t.c.m.uncacheable("the session has temporary tables")
+		return t.atSnapshot(ctx, sql, args)
+	}
 	k := t.c.keying.Load()
 	tpl, err := k.analyzer(t.scope.path).Prepare(sql)
 	if err != nil || !tpl.Cacheable {

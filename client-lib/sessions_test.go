@@ -373,7 +373,7 @@ ALTER TABLE notes REPLICA IDENTITY FULL`
 	// An invalidator that publishes accounts only, on a publication and
 	// slot of its own.
 	s.stopInvalidator()
-	if _, err := s.conn.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", s.prefix); err != nil {
+	if err := s.dropSlot(s.prefix); err != nil {
 		t.Fatal(err)
 	}
 	s.invOpts.Slot, s.invOpts.Publication, s.invOpts.Tables = s.prefix+"_acc", s.prefix+"_acc", []string{"public.accounts"}
@@ -407,5 +407,56 @@ ALTER TABLE notes REPLICA IDENTITY FULL`
 	}
 	if c.Stats().L1Hits.Load()+c.Stats().NodeHits.Load() == 0 {
 		t.Fatal("the covered table was never served from the cache")
+	}
+}
+
+// A session's temporary table shadows a table of the same name for that
+// session only (pg_temp comes first on every path): its reads must not be
+// served another session's cached results of the permanent table, nor be
+// cached for others.
+func TestTemporaryTablesAreNotCached(t *testing.T) {
+	s := startStack(t)
+	s.client(t, 0) // waits for pins
+	dsn := s.dsn("larder.l1=1048576", "application_name=temp")
+	db := openDB(t, DriverName, dsn)
+	readRO(t, db, 1)
+	st, _ := DriverStats(dsn)
+	for deadline := time.Now().Add(10 * time.Second); st.L1Hits.Load()+st.NodeHits.Load() == 0; {
+		if b := readRO(t, db, 1); b != 100 {
+			t.Fatalf("balance %d, want 100", b)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the permanent table's row was never served from the cache")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Two sessions, each with a temporary accounts table of its own.
+	ctx := context.Background()
+	conns := map[int]*sql.Conn{999: nil, 555: nil}
+	for balance := range conns {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := conn.ExecContext(ctx, "CREATE TEMP TABLE accounts (id int PRIMARY KEY, balance int NOT NULL, ver int NOT NULL DEFAULT 0)"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT INTO accounts VALUES (1, $1)", balance); err != nil {
+			t.Fatal(err)
+		}
+		conns[balance] = conn
+	}
+	for i := 0; i < 5; i++ {
+		for balance, conn := range conns {
+			if b := readRO(t, conn, 1); b != balance {
+				t.Fatalf("a session with a temporary accounts table read balance %d, want its own %d", b, balance)
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // let the puts land
+	}
+	// Other sessions still read (and hit) the permanent table.
+	if b := readRO(t, db, 1); b != 100 {
+		t.Fatalf("another session read balance %d, want 100", b)
 	}
 }

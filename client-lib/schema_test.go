@@ -1,0 +1,101 @@
+package larder
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestSchemaChangesReachCachedResults: the reported schema changes with
+// no row change after them, made on PostgreSQL directly (another
+// application: no read-your-writes) or through the larder driver itself,
+// while a result of the table is cached. Once the staleness limit has
+// passed (or at once, for the driver's own statement) a read-only
+// transaction through database/sql returns exactly what pgx's stdlib
+// driver returns: the new shape and the new values.
+func TestSchemaChangesReachCachedResults(t *testing.T) {
+	ddl := `CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL, qty int NOT NULL);
+ALTER TABLE items REPLICA IDENTITY FULL`
+	seed := `INSERT INTO items SELECT g, 'item-' || g, g FROM generate_series(1, 5) g`
+	const q = "SELECT * FROM items WHERE id = $1"
+	const all = "SELECT * FROM items ORDER BY id"
+	s := startStackWith(t, ddl, seed, q, all)
+	s.client(t, 0) // waits for pins
+	direct := openDB(t, "pgx", s.url)
+	dsn := s.dsn("larder.l1=1048576", "application_name=schema")
+	db := openDB(t, DriverName, dsn)
+	const staleness = 300 * time.Millisecond
+	ctx := WithStaleness(context.Background(), staleness)
+
+	read := func(c argCase) string {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Commit()
+		desc, rows := rowsOf(t, tx, c)
+		return fmt.Sprint(desc, show(rows))
+	}
+	want := func(c argCase) string {
+		desc, rows := rowsOf(t, direct, c)
+		return fmt.Sprint(desc, show(rows))
+	}
+	reads := []argCase{{q, []any{3}}, {all, nil}}
+	// warm caches the results until they are served from the cache.
+	warm := func() {
+		t.Helper()
+		st, _ := DriverStats(dsn)
+		before := st.L1Hits.Load() + st.NodeHits.Load()
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			for _, c := range reads {
+				if got, w := read(c), want(c); got != w {
+					t.Fatalf("before the change, %s: got %s, want %s", c.sql, got, w)
+				}
+			}
+			if st.L1Hits.Load()+st.NodeHits.Load() >= before+int64(len(reads)) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the results were never served from the cache: the test proves nothing")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	steps := []struct {
+		name, sql string
+		viaLarder bool
+	}{
+		{"add column with a default", "ALTER TABLE items ADD COLUMN z int DEFAULT 5", false},
+		{"change a type, rewriting values", "ALTER TABLE items ALTER COLUMN qty TYPE bigint USING qty * 10", false},
+		{"drop a column", "ALTER TABLE items DROP COLUMN z", false},
+		{"rename a column", "ALTER TABLE items RENAME COLUMN name TO title", false},
+		{"drop and re-create by rename", `CREATE TABLE items_new (LIKE items INCLUDING ALL);
+INSERT INTO items_new SELECT id, title || '-reloaded', qty + 1 FROM items;
+DROP TABLE items;
+ALTER TABLE items_new RENAME TO items;
+ALTER TABLE items REPLICA IDENTITY FULL`, false},
+		{"add column through the driver", "ALTER TABLE items ADD COLUMN w text DEFAULT 'w'", true},
+		{"change a type through the driver", "ALTER TABLE items ALTER COLUMN qty TYPE int USING qty - 1", true},
+	}
+	for _, step := range steps {
+		warm()
+		if step.viaLarder {
+			if _, err := db.ExecContext(context.Background(), step.sql); err != nil {
+				t.Fatalf("%s: %v", step.name, err)
+			}
+		} else {
+			if _, err := s.conn.Exec(context.Background(), step.sql); err != nil {
+				t.Fatalf("%s: %v", step.name, err)
+			}
+			time.Sleep(staleness + 200*time.Millisecond)
+		}
+		for _, c := range reads {
+			if got, w := read(c), want(c); got != w {
+				t.Errorf("after %s, %s:\n got  %s\n want %s", step.name, c.sql, got, w)
+			}
+		}
+	}
+}
