@@ -491,7 +491,7 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 				rt.Note = fmt.Sprintf("rows %v: %v", order0, tx.trace)
 				rt.Unplaced = !tx.Placed()
 				_ = tx.Commit(context.Background())
-				if rerr == ErrRetry {
+				if errors.Is(rerr, ErrRetry) {
 					retries.Add(1)
 					continue
 				}

@@ -100,22 +100,34 @@ func typedCases() []argCase {
 }
 
 // rowsOf reads every row of a database/sql query as driver values.
-func rowsOf(t *testing.T, q interface {
-	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
-}, c argCase) ([]string, [][]any) {
+func rowsOf(t *testing.T, q queryer, c argCase) ([]string, [][]any) {
 	t.Helper()
-	rows, err := q.QueryContext(context.Background(), c.sql, c.args...)
+	desc, out, err := tryRowsOf(q, c)
 	if err != nil {
 		t.Fatalf("%s %v: %v", c.sql, c.args, err)
+	}
+	return desc, out
+}
+
+type queryer interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}
+
+// tryRowsOf reads every row of a database/sql query as driver values,
+// with the columns' descriptions.
+func tryRowsOf(q queryer, c argCase) ([]string, [][]any, error) {
+	rows, err := q.QueryContext(context.Background(), c.sql, c.args...)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer rows.Close()
 	cols, err := rows.Columns()
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	types, err := rows.ColumnTypes()
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	var desc []string
 	for _, ct := range types {
@@ -129,14 +141,11 @@ func rowsOf(t *testing.T, q interface {
 			ptrs[i] = &vals[i]
 		}
 		if err := rows.Scan(ptrs...); err != nil {
-			t.Fatal(err)
+			return nil, nil, err
 		}
 		out = append(out, vals)
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return desc, out
+	return desc, out, rows.Err()
 }
 
 // Every query through Larder's database/sql driver returns exactly what

@@ -90,8 +90,8 @@ func TestHistoryUnderFaults(t *testing.T) {
 // slotDroppedRun: the invalidator stops, its replication slot is dropped
 // (as PostgreSQL does to a slot past max_slot_wal_keep_size, or an
 // operator), the writers go on for 500 ms, and the invalidator starts
-// again on a new slot, twice. What changed in the gap reaches no node but
-// through the new slot's flush of every table.
+// again on a new slot while the writers wait, twice. What changed in the
+// gap reaches no node but through the new slot's flush of every table.
 func slotDroppedRun(t *testing.T) historyRun {
 	return historyRun{
 		faults: func(ctx context.Context, t *testing.T, s *stack, run time.Duration) {
@@ -102,8 +102,22 @@ func slotDroppedRun(t *testing.T) historyRun {
 				}
 				t.Logf("fault: the invalidator's slot was dropped at WAL %s", walNow(t, s))
 				pause(ctx, 500*time.Millisecond)
+				// The writers wait (readers do not) while the new slot
+				// starts and for a second after: without the new slot's
+				// flush, what the gap changed stays cached and is read at
+				// the new pins.
+				lock, err := s.conn.Begin(context.Background())
+				if err != nil {
+					t.Errorf("fault: %v", err)
+					return
+				}
+				defer lock.Rollback(context.Background())
+				if _, err := lock.Exec(context.Background(), "LOCK TABLE accounts IN EXCLUSIVE MODE"); err != nil {
+					t.Errorf("fault: %v", err)
+				}
 				t.Logf("fault: the invalidator starts on a new slot at WAL %s", walNow(t, s))
 				s.startInvalidator(t)
+				pause(ctx, 1500*time.Millisecond)
 			})
 		},
 	}

@@ -63,6 +63,18 @@ func (k *keying) uncovered(tables []string) (string, bool) {
 	return "", false
 }
 
+// coveredOf lists the tables of deps the invalidator covers (and that
+// therefore exist in the catalog the client read).
+func (k *keying) coveredOf(deps []quma.Dep) []string {
+	var out []string
+	for _, d := range deps {
+		if k.covered[d.Table] && !slices.Contains(out, d.Table) {
+			out = append(out, d.Table)
+		}
+	}
+	return out
+}
+
 // loadKeying reads the live catalog and asks the invalidator which tables
 // and tag column sets it publishes. want is the QUMA file's sets; fileSchema
 // the schema the file was computed with (differences are logged: the live

@@ -90,4 +90,13 @@ func (p *pinTracker) remove(lsn uint64) {
 	}
 }
 
+// dropThrough forgets every pin at or before lsn: a table was truncated
+// or rewritten after it, which snapshots that old cannot read.
+func (p *pinTracker) dropThrough(lsn uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := sort.Search(len(p.pins), func(i int) bool { return p.pins[i].LSN > lsn })
+	p.pins = append(p.pins[:0], p.pins[i:]...)
+}
+
 func (p *pinTracker) close() { _ = p.sub.Unsubscribe() }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 
@@ -16,9 +18,10 @@ import (
 	"github.com/larderdb/larder/internal/invalidation"
 )
 
-// ErrRetry is returned when a read-only transaction cannot continue at a
-// snapshot consistent with what it already read (every pin it could use
-// was released): retry the transaction.
+// ErrRetry is returned (errors.Is) when a read-only transaction cannot
+// continue at a snapshot consistent with what it already read (every pin
+// it could use was released), or a schema change replaced a result type
+// under it after it read at its snapshot: retry the transaction.
 var ErrRetry = errors.New("larder: no snapshot left consistent with the transaction's reads; retry it")
 
 // skipNarrowForTest breaks the client on purpose (hits do not narrow the
@@ -46,13 +49,16 @@ type ROTx struct {
 	// same values cached or not; such results are keyed apart.
 	sqlFormats bool
 	ts         uint64
+	snapshot   string // the pin's exported snapshot once fixed at one
 	// fallback: no pin was usable; the transaction runs on a fresh
 	// snapshot, without the cache.
 	fallback bool
 	m        *pgxTypeMap
 	done     bool
 	now      bool
-	trace    []string // where each result came from, for diagnostics
+	usedDB   bool            // a statement ran in the PostgreSQL transaction
+	held     map[string]bool // tables locked and checked (holdTables)
+	trace    []string        // where each result came from, for diagnostics
 }
 
 // BeginRO starts a read-only transaction with a staleness limit (0: the
@@ -185,6 +191,7 @@ func (t *ROTx) closeConn(ctx context.Context) error {
 		return nil
 	}
 	_, err := t.conn.Exec(ctx, "ROLLBACK")
+	t.held = nil // the locks went with the transaction
 	if t.pooled != nil {
 		t.pooled.Release()
 		t.pooled = nil
@@ -202,7 +209,7 @@ func (t *ROTx) fix(ctx context.Context) error {
 		pin := t.cands[len(t.cands)-1]
 		err := t.begin(ctx, pin.SnapshotID)
 		if err == nil {
-			t.fixed, t.ts = true, pin.LSN
+			t.fixed, t.ts, t.snapshot = true, pin.LSN, pin.SnapshotID
 			t.cands = []invalidation.Pin{pin}
 			return nil
 		}
@@ -261,29 +268,31 @@ func (t *ROTx) Range() (lo, hi uint64) {
 
 func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, error) {
 	if t.fallback {
-		return t.onDB(ctx, sql, args)
+		return t.onDB(ctx, sql, args, nil)
 	}
 	if t.scope.temp {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable("the session has temporary tables")
-		return t.atSnapshot(ctx, sql, args)
+		return t.atSnapshot(ctx, sql, args, nil)
 	}
 	k := t.c.keying.Load()
 	tpl, err := k.analyzer(t.scope.path).Prepare(sql)
 	if err != nil || !tpl.Cacheable {
 		t.c.stats.Uncacheable.Add(1)
 		reason := "unparsable"
+		var tables []string
 		if err == nil {
 			reason = tpl.Reason
+			tables = k.coveredOf(tpl.Deps)
 		}
 		t.c.m.uncacheable(reason)
-		return t.atSnapshot(ctx, sql, args)
+		return t.atSnapshot(ctx, sql, args, tables)
 	}
 	qtags, err := tpl.Tags(args)
 	if err != nil {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable("parameters: " + err.Error())
-		return t.atSnapshot(ctx, sql, args)
+		return t.atSnapshot(ctx, sql, args, k.coveredOf(tpl.Deps))
 	}
 	tables := make([]string, 0, len(qtags))
 	for _, q := range qtags {
@@ -292,7 +301,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if reason, ok := k.uncovered(tables); ok {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable(reason)
-		return t.atSnapshot(ctx, sql, args)
+		return t.atSnapshot(ctx, sql, args, k.coveredOf(tpl.Deps))
 	}
 	scopeKey := t.scope.key
 	if t.sqlFormats {
@@ -302,7 +311,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if err != nil {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable("parameters: cannot be keyed")
-		return t.atSnapshot(ctx, sql, args)
+		return t.atSnapshot(ctx, sql, args, tables)
 	}
 	tmin, tmax := t.Range()
 
@@ -345,10 +354,17 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if err := t.fix(ctx); err != nil {
 		return nil, err
 	}
-	// Identical misses at the same snapshot load once.
-	v, err, shared := t.c.flight.Do(fmt.Sprintf("%x@%d", key, t.ts), func() (any, error) {
-		return t.onDB(ctx, sql, args)
-	})
+	// Identical misses at the same snapshot load once, among transactions
+	// that hold no lock yet. One that does must not wait for another's
+	// load: that one may wait for a schema change waiting for this one.
+	load := func() (any, error) { return t.onDB(ctx, sql, args, tables) }
+	var v any
+	var shared bool
+	if t.usedDB || len(t.held) > 0 {
+		v, err = load()
+	} else {
+		v, err, shared = t.c.flight.Do(fmt.Sprintf("%x@%d", key, t.ts), load)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -401,22 +417,121 @@ func (t *ROTx) narrow(lo, hi uint64) bool {
 }
 
 // atSnapshot runs a query on PostgreSQL at the transaction's pin.
-func (t *ROTx) atSnapshot(ctx context.Context, sql string, args []any) (*Result, error) {
+func (t *ROTx) atSnapshot(ctx context.Context, sql string, args []any, tables []string) (*Result, error) {
 	if err := t.fix(ctx); err != nil {
 		return nil, err
 	}
-	return t.onDB(ctx, sql, args)
+	return t.onDB(ctx, sql, args, tables)
 }
 
-func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error) {
+// onDB runs a query in the PostgreSQL transaction, once the tables it
+// reads are held at the transaction's snapshot (holdTables).
+func (t *ROTx) onDB(ctx context.Context, sql string, args []any, tables []string) (*Result, error) {
+	if err := t.holdTables(ctx, tables); err != nil {
+		return nil, err
+	}
 	if t.sqlFormats {
 		args = append([]any{databaseSQLResultFormats}, args...)
 	}
+	res, err := t.run(ctx, sql, args)
+	if planChanged(err) && t.snapshot != "" && !t.usedDB {
+		// A schema change replaced a result type under pgx's cached
+		// statement (pgx has dropped it since); PostgreSQL aborted the
+		// transaction. Nothing else ran in it: open it again at the same
+		// pin and run the statement once more.
+		t.c.m.planRetries.Inc()
+		_ = t.closeConn(ctx)
+		if err = t.begin(ctx, t.snapshot); err == nil {
+			if err = t.holdTables(ctx, tables); err == nil {
+				res, err = t.run(ctx, sql, args)
+			}
+		}
+	}
+	if planChanged(err) {
+		// Not retried here (the transaction read other results, or its
+		// snapshot cannot be taken again): the caller retries it whole.
+		return nil, fmt.Errorf("larder: a schema change replaced the statement's result type: %w", errors.Join(ErrRetry, err))
+	}
+	if err == nil {
+		t.usedDB = true
+	}
+	return res, err
+}
+
+// holdTables locks the tables a query reads (ACCESS SHARE, which every
+// read takes anyway) for the rest of the transaction and checks that
+// each still has the storage its snapshot sees. TRUNCATE and the ALTER
+// TABLE forms that rewrite a table are not MVCC-safe: a snapshot taken
+// before them reads the new, empty storage. An old pin would then read
+// (and cache) an empty table; the lock keeps them out from here on, and
+// the check finds one that came between the snapshot and the lock: the
+// pins that old are dropped and the transaction is retried.
+func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
+	var lock []string
+	for _, name := range tables {
+		if t.held[name] {
+			continue
+		}
+		schema, rel, ok := strings.Cut(name, ".")
+		if !ok {
+			continue
+		}
+		lock = append(lock, pgx.Identifier{schema, rel}.Sanitize())
+	}
+	if len(lock) == 0 {
+		return nil
+	}
+	list := strings.Join(lock, ", ")
+	q := "LOCK TABLE " + list + " IN ACCESS SHARE MODE; " +
+		"SELECT count(*) FROM unnest(ARRAY['" + strings.ReplaceAll(list, "'", "''") + "']::regclass[]) AS r(oid), " +
+		"pg_catalog.pg_partition_tree(r.oid) AS pt LEFT JOIN pg_catalog.pg_class c ON c.oid = pt.relid " +
+		"WHERE c.oid IS NULL OR coalesce(pg_catalog.pg_relation_filenode(c.oid), 0) <> c.relfilenode"
+	results, err := pgConnOf(t.conn).Exec(ctx, q).ReadAll()
+	if err != nil {
+		return err
+	}
+	if len(results) != 2 || len(results[1].Rows) != 1 {
+		return fmt.Errorf("larder: unexpected answer to the storage check of %s", list)
+	}
+	if string(results[1].Rows[0][0]) != "0" {
+		t.c.m.rewrittenRetries.Inc()
+		t.c.pins.dropThrough(t.ts)
+		return fmt.Errorf("larder: %s was truncated or rewritten after the transaction's snapshot: %w", list, ErrRetry)
+	}
+	if t.held == nil {
+		t.held = map[string]bool{}
+	}
+	for _, name := range tables {
+		t.held[name] = true
+	}
+	return nil
+}
+
+// pgConnOf is the protocol connection under a pooled or a database/sql
+// connection.
+func pgConnOf(c dbConn) *pgconn.PgConn {
+	switch c := c.(type) {
+	case *pgxpool.Conn:
+		return c.Conn().PgConn()
+	case *pgx.Conn:
+		return c.PgConn()
+	}
+	panic(fmt.Sprintf("larder: no protocol connection under %T", c))
+}
+
+func (t *ROTx) run(ctx context.Context, sql string, args []any) (*Result, error) {
 	rows, err := t.conn.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
 	return readResult(rows)
+}
+
+// planChanged reports PostgreSQL's "cached plan must not change result
+// type": a prepared statement outlived a schema change.
+func planChanged(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "0A000" && strings.Contains(pgErr.Message, "cached plan must not change result type")
 }
 
 // Commit ends the transaction.
