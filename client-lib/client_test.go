@@ -96,7 +96,11 @@ func (s *stack) dropSlot(slot string) error {
 	ctx := context.Background()
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		var active bool
-		if err := s.conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active); err != nil {
+		err := s.conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // stopped before it made its slot
+		}
+		if err != nil {
 			return fmt.Errorf("slot %s: %w", slot, err)
 		}
 		if !active {

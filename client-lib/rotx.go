@@ -24,6 +24,10 @@ import (
 // under it after it read at its snapshot: retry the transaction.
 var ErrRetry = errors.New("larder: no snapshot left consistent with the transaction's reads; retry it")
 
+// errRewritten: a table was truncated or rewritten after the
+// transaction's snapshot (holdTables); the pins that old are dropped.
+var errRewritten = fmt.Errorf("truncated or rewritten after the transaction's snapshot; retry the transaction: %w", ErrRetry)
+
 // skipNarrowForTest breaks the client on purpose (hits do not narrow the
 // candidate snapshots) so that a test can show it notices.
 var skipNarrowForTest bool
@@ -56,7 +60,6 @@ type ROTx struct {
 	m        *pgxTypeMap
 	done     bool
 	now      bool
-	usedDB   bool            // a statement ran in the PostgreSQL transaction
 	held     map[string]bool // tables locked and checked (holdTables)
 	trace    []string        // where each result came from, for diagnostics
 }
@@ -107,7 +110,7 @@ func (t *ROTx) Placed() bool { return !t.fallback }
 // closed again, unless last: then the transaction runs uncached on it (a
 // fallback, counted).
 func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
-	if err := t.begin(ctx, ""); err != nil {
+	if err := t.begin(ctx, "", nil); err != nil {
 		return false, err
 	}
 	var xmin, xmax int64
@@ -156,11 +159,12 @@ FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
 	return true, nil
 }
 
-// begin opens the PostgreSQL transaction, at a snapshot when one is given.
-func (t *ROTx) begin(ctx context.Context, snapshot string) error {
-	// One round trip: BEGIN and SET TRANSACTION SNAPSHOT as one simple
-	// query (the snapshot id comes from the pin format, which allows only
-	// [0-9A-Za-z_-]).
+// begin opens the PostgreSQL transaction, at a snapshot when one is
+// given, and holds tables (holdTables) in the same round trip.
+func (t *ROTx) begin(ctx context.Context, snapshot string, tables []string) error {
+	// One round trip: BEGIN, SET TRANSACTION SNAPSHOT and the tables' locks
+	// as one simple query (the snapshot id comes from the pin format, which
+	// allows only [0-9A-Za-z_-]).
 	sql := "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 	if snapshot != "" {
 		if err := invalidation.PinValidSnapshotID(snapshot); err != nil {
@@ -177,11 +181,20 @@ func (t *ROTx) begin(ctx context.Context, snapshot string) error {
 		}
 		t.pooled, t.conn = conn, conn
 	}
-	if _, err := t.conn.Exec(ctx, sql); err != nil {
+	hold, list := t.holdSQL(tables)
+	if hold == "" {
+		if _, err := t.conn.Exec(ctx, sql); err != nil {
+			_ = t.closeConn(ctx)
+			return err
+		}
+		return nil
+	}
+	results, err := pgConnOf(t.conn).Exec(ctx, sql+"; "+hold).ReadAll()
+	if err != nil {
 		_ = t.closeConn(ctx)
 		return err
 	}
-	return nil
+	return t.checkHeld(results, tables, list)
 }
 
 // closeConn ends the PostgreSQL transaction (read-only: nothing to keep)
@@ -200,14 +213,23 @@ func (t *ROTx) closeConn(ctx context.Context) error {
 	return err
 }
 
-// fix runs the transaction's PostgreSQL part at the newest usable pin.
-func (t *ROTx) fix(ctx context.Context) error {
-	if t.fixed || t.fallback {
+// fix runs the transaction's PostgreSQL part at the newest usable pin,
+// holding tables, or holds tables in the transaction already fixed.
+func (t *ROTx) fix(ctx context.Context, tables []string) error {
+	if t.fallback {
 		return nil
+	}
+	if t.fixed {
+		return t.holdTables(ctx, tables)
 	}
 	for len(t.cands) > 0 {
 		pin := t.cands[len(t.cands)-1]
-		err := t.begin(ctx, pin.SnapshotID)
+		err := t.begin(ctx, pin.SnapshotID, tables)
+		if errors.Is(err, errRewritten) {
+			t.c.pins.dropThrough(pin.LSN)
+			_ = t.closeConn(ctx)
+			return err
+		}
 		if err == nil {
 			t.fixed, t.ts, t.snapshot = true, pin.LSN, pin.SnapshotID
 			t.cands = []invalidation.Pin{pin}
@@ -268,7 +290,7 @@ func (t *ROTx) Range() (lo, hi uint64) {
 
 func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, error) {
 	if t.fallback {
-		return t.onDB(ctx, sql, args, nil)
+		return t.onDB(ctx, sql, args)
 	}
 	if t.scope.temp {
 		t.c.stats.Uncacheable.Add(1)
@@ -351,19 +373,18 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 
 	t.c.stats.Misses.Add(1)
 	t.c.m.reads.WithLabelValues("database").Inc()
-	if err := t.fix(ctx); err != nil {
+	if err := t.fix(ctx, tables); err != nil {
 		return nil, err
 	}
-	// Identical misses at the same snapshot load once, among transactions
-	// that hold no lock yet. One that does must not wait for another's
-	// load: that one may wait for a schema change waiting for this one.
-	load := func() (any, error) { return t.onDB(ctx, sql, args, tables) }
-	var v any
-	var shared bool
-	if t.usedDB || len(t.held) > 0 {
-		v, err = load()
-	} else {
-		v, err, shared = t.c.flight.Do(fmt.Sprintf("%x@%d", key, t.ts), load)
+	// Identical misses at the same snapshot load once. Every transaction
+	// holds its tables before it loads or waits (fix), so no load waits
+	// for a lock, and no waiter for a load that does.
+	v, err, shared := t.c.flight.Do(fmt.Sprintf("%x@%d", key, t.ts), func() (any, error) {
+		return t.onDB(ctx, sql, args)
+	})
+	if planChanged(err) {
+		shared = false
+		v, err = t.replan(ctx, sql, args, tables)
 	}
 	if err != nil {
 		return nil, err
@@ -418,44 +439,47 @@ func (t *ROTx) narrow(lo, hi uint64) bool {
 
 // atSnapshot runs a query on PostgreSQL at the transaction's pin.
 func (t *ROTx) atSnapshot(ctx context.Context, sql string, args []any, tables []string) (*Result, error) {
-	if err := t.fix(ctx); err != nil {
+	if err := t.fix(ctx, tables); err != nil {
 		return nil, err
 	}
-	return t.onDB(ctx, sql, args, tables)
+	res, err := t.onDB(ctx, sql, args)
+	if planChanged(err) {
+		return t.replan(ctx, sql, args, tables)
+	}
+	return res, err
 }
 
-// onDB runs a query in the PostgreSQL transaction, once the tables it
-// reads are held at the transaction's snapshot (holdTables).
-func (t *ROTx) onDB(ctx context.Context, sql string, args []any, tables []string) (*Result, error) {
-	if err := t.holdTables(ctx, tables); err != nil {
-		return nil, err
-	}
+// onDB runs a query in the PostgreSQL transaction.
+func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error) {
 	if t.sqlFormats {
 		args = append([]any{databaseSQLResultFormats}, args...)
 	}
-	res, err := t.run(ctx, sql, args)
-	if planChanged(err) && t.snapshot != "" && !t.usedDB {
-		// A schema change replaced a result type under pgx's cached
-		// statement (pgx has dropped it since); PostgreSQL aborted the
-		// transaction. Nothing else ran in it: open it again at the same
-		// pin and run the statement once more.
+	rows, err := t.conn.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return readResult(rows)
+}
+
+// replan answers PostgreSQL's "cached plan must not change result type":
+// a schema change replaced a result type under pgx's cached statement
+// (pgx has dropped it since) and PostgreSQL aborted the transaction. One
+// that reads at a pin is opened again at the same pin (the same snapshot)
+// and the statement runs once more; one at a fresh snapshot cannot take
+// it again: the caller must retry the transaction (ErrRetry).
+func (t *ROTx) replan(ctx context.Context, sql string, args []any, tables []string) (*Result, error) {
+	res, err := (*Result)(nil), error(nil)
+	if t.snapshot != "" {
 		t.c.m.planRetries.Inc()
 		_ = t.closeConn(ctx)
-		if err = t.begin(ctx, t.snapshot); err == nil {
-			if err = t.holdTables(ctx, tables); err == nil {
-				res, err = t.run(ctx, sql, args)
-			}
+		if err = t.begin(ctx, t.snapshot, tables); err == nil {
+			res, err = t.onDB(ctx, sql, args)
+		}
+		if !planChanged(err) {
+			return res, err
 		}
 	}
-	if planChanged(err) {
-		// Not retried here (the transaction read other results, or its
-		// snapshot cannot be taken again): the caller retries it whole.
-		return nil, fmt.Errorf("larder: a schema change replaced the statement's result type: %w", errors.Join(ErrRetry, err))
-	}
-	if err == nil {
-		t.usedDB = true
-	}
-	return res, err
+	return nil, fmt.Errorf("larder: a schema change replaced the statement's result type; retry the transaction: %w", ErrRetry)
 }
 
 // holdTables locks the tables a query reads (ACCESS SHARE, which every
@@ -465,38 +489,54 @@ func (t *ROTx) onDB(ctx context.Context, sql string, args []any, tables []string
 // before them reads the new, empty storage. An old pin would then read
 // (and cache) an empty table; the lock keeps them out from here on, and
 // the check finds one that came between the snapshot and the lock: the
-// pins that old are dropped and the transaction is retried.
+// pins that old are dropped and the transaction is retried (ErrRetry).
 func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
+	hold, list := t.holdSQL(tables)
+	if hold == "" {
+		return nil
+	}
+	results, err := pgConnOf(t.conn).Exec(ctx, hold).ReadAll()
+	if err != nil {
+		return err
+	}
+	err = t.checkHeld(results, tables, list)
+	if errors.Is(err, errRewritten) {
+		t.c.pins.dropThrough(t.ts)
+	}
+	return err
+}
+
+// holdSQL returns the statements that lock the tables not held yet and
+// count those whose storage is not the snapshot's ("" when all are held),
+// and the tables' list.
+func (t *ROTx) holdSQL(tables []string) (string, string) {
 	var lock []string
 	for _, name := range tables {
 		if t.held[name] {
 			continue
 		}
-		schema, rel, ok := strings.Cut(name, ".")
-		if !ok {
-			continue
+		if schema, rel, ok := strings.Cut(name, "."); ok {
+			lock = append(lock, pgx.Identifier{schema, rel}.Sanitize())
 		}
-		lock = append(lock, pgx.Identifier{schema, rel}.Sanitize())
 	}
 	if len(lock) == 0 {
-		return nil
+		return "", ""
 	}
 	list := strings.Join(lock, ", ")
-	q := "LOCK TABLE " + list + " IN ACCESS SHARE MODE; " +
+	return "LOCK TABLE " + list + " IN ACCESS SHARE MODE; " +
 		"SELECT count(*) FROM unnest(ARRAY['" + strings.ReplaceAll(list, "'", "''") + "']::regclass[]) AS r(oid), " +
 		"pg_catalog.pg_partition_tree(r.oid) AS pt LEFT JOIN pg_catalog.pg_class c ON c.oid = pt.relid " +
-		"WHERE c.oid IS NULL OR coalesce(pg_catalog.pg_relation_filenode(c.oid), 0) <> c.relfilenode"
-	results, err := pgConnOf(t.conn).Exec(ctx, q).ReadAll()
-	if err != nil {
-		return err
-	}
-	if len(results) != 2 || len(results[1].Rows) != 1 {
+		"WHERE c.oid IS NULL OR coalesce(pg_catalog.pg_relation_filenode(c.oid), 0) <> c.relfilenode", list
+}
+
+// checkHeld reads the storage check, the last of results.
+func (t *ROTx) checkHeld(results []*pgconn.Result, tables []string, list string) error {
+	if len(results) == 0 || len(results[len(results)-1].Rows) != 1 {
 		return fmt.Errorf("larder: unexpected answer to the storage check of %s", list)
 	}
-	if string(results[1].Rows[0][0]) != "0" {
+	if string(results[len(results)-1].Rows[0][0]) != "0" {
 		t.c.m.rewrittenRetries.Inc()
-		t.c.pins.dropThrough(t.ts)
-		return fmt.Errorf("larder: %s was truncated or rewritten after the transaction's snapshot: %w", list, ErrRetry)
+		return fmt.Errorf("larder: %s: %w", list, errRewritten)
 	}
 	if t.held == nil {
 		t.held = map[string]bool{}
