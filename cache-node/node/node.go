@@ -147,7 +147,16 @@ func (n *Node) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("node: saved watermark: %w", err)
 		}
-		if saved && !n.restoreGroups(ctx, wm) {
+		switch {
+		case !saved:
+			// No watermark was saved (the last node stopped before its
+			// first settle): whatever the store kept is proved valid
+			// nowhere past its snapshot. It is never served.
+			if err := n.cfg.Backend.EndOpen(ctx, 0); err != nil {
+				return fmt.Errorf("node: end the versions kept without a saved watermark: %w", err)
+			}
+			n.cfg.Log.Info("started without a saved watermark: versions the store kept are not served")
+		case !n.restoreGroups(ctx, wm):
 			// What was open when the node stopped is proved only up to there.
 			if err := n.cfg.Backend.EndOpen(ctx, wm+1); err != nil {
 				return fmt.Errorf("node: end open versions at the saved watermark: %w", err)
@@ -275,9 +284,15 @@ func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 			}
 		}
 		if d.Heartbeat.LSN > n.watermark && !n.replaying {
+			first := n.watermark == 0
 			n.watermark = d.Heartbeat.LSN
 			n.wmAtomic.Store(n.watermark)
 			n.hbTime = d.Heartbeat.Time
+			if first {
+				// Saved at once: a restart finds it (without one, what
+				// the store kept is not served).
+				n.settleLocked(ctx)
+			}
 		}
 		var ready []*group
 		for _, g := range n.groups {

@@ -521,3 +521,82 @@ func TestOutOfOrderAfterReconnect(t *testing.T) {
 		t.Errorf("%v replays done", got)
 	}
 }
+
+// persistentMemory is a memory backend that says whether a watermark was
+// saved, as a Redis-backed store does for a node restarting on its data.
+type persistentMemory struct {
+	*store.Memory
+	mu    sync.Mutex
+	wm    uint64
+	saved bool
+}
+
+func (p *persistentMemory) SaveWatermark(_ context.Context, wm uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.wm, p.saved = wm, true
+	return nil
+}
+
+func (p *persistentMemory) SavedWatermark(context.Context) (uint64, bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.wm, p.saved, nil
+}
+
+func (p *persistentMemory) Settle(ctx context.Context, wm uint64) error {
+	if err := p.Memory.Settle(ctx, wm); err != nil {
+		return err
+	}
+	return p.SaveWatermark(ctx, wm)
+}
+
+// A node killed before it saved any watermark left an open version in its
+// store; an invalidation of it came while no node ran. The next node,
+// finding no saved watermark, must not serve that version past its
+// snapshot (it has no way to replay what it missed).
+func TestRestartWithoutASavedWatermark(t *testing.T) {
+	pubConn, err := nats.Connect(env.NATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pubConn.Close)
+	f := newFake(t, pubConn)
+	s := f.now()
+	back := &persistentMemory{Memory: store.NewMemory(1<<20, nil)}
+	if err := back.Put(context.Background(), []byte("k"), &store.Version{Lo: s, Hi: store.Open, Snapshot: s, Deps: []store.Dep{itemDep(1, "name")}, Value: []byte("old")}); err != nil {
+		t.Fatal(err)
+	}
+	changed := f.commit(invalidation.Change{Tag: itemDep(1).Tag, AllColumns: true})
+
+	nodeConn, err := nats.Connect(env.NATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nodeConn.Close)
+	n, err := New(Config{NATS: nodeConn, Prefix: f.prefix, Backend: back, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for deadline := time.Now().Add(20 * time.Second); n.Watermark() < changed; {
+		if time.Now().After(deadline) {
+			t.Fatalf("watermark %d never reached %d", n.Watermark(), changed)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	r, err := n.Lookup(context.Background(), []byte("k"), changed, changed, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Miss == store.Hit {
+		t.Fatalf("a version kept without a saved watermark was served at %d, after its invalidation at %d: [%d, %d)", changed, changed, r.Lo, r.Hi)
+	}
+	// The first heartbeat saved a watermark: a restart from here replays.
+	if wm, ok, _ := back.SavedWatermark(context.Background()); !ok || wm == 0 {
+		t.Fatal("the node saved no watermark on its first heartbeat")
+	}
+}
