@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the RUBiS benchmark on a local stack of its own (data in .larder-bench,
-# ports beside the development stack's): loads the data, restarts the stack so
-# that the invalidator starts on the RUBiS tables (and publishes their keys),
-# runs rubis-bench, then stops the stack. Arguments go to rubis-bench.
+# ports beside the development stack's): loads the data and writes RUBiS's
+# QUMA file, restarts the stack so that the invalidator starts on the RUBiS
+# tables and publishes their tag column sets, runs rubis-bench, then stops
+# the stack. Arguments go to rubis-bench.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=.larder-bench
@@ -11,7 +12,7 @@ go build -o "$dir/bin/rubis-bench" ./bench/rubis/cmd/rubis-bench
 stack=
 start_stack() {
   rm -f "$dir/stack.env"
-  "$dir/bin/local" up -dir "$dir" -pg-port 25432 -nats-port 24222 -redis-port 26379 -cache-node-port 27070 -invalidator-metrics "" > "$dir/stack.log" 2>&1 &
+  "$dir/bin/local" up -dir "$dir" -pg-port 25432 -nats-port 24222 -redis-port 26379 -cache-node-port 27070 -invalidator-metrics "" "$@" > "$dir/stack.log" 2>&1 &
   stack=$!
   for _ in $(seq 1 120); do
     [[ -s "$dir/stack.env" ]] && return 0
@@ -30,5 +31,7 @@ trap stop_stack EXIT
 start_stack
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --load-only "$@"
 stop_stack
-start_stack
+# The invalidator publishes the application's tag column sets (the QUMA
+# file rubis-bench wrote from the live schema and RUBiS's templates).
+start_stack -quma "$PWD/$dir/quma.json"
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --skip-load "$@"

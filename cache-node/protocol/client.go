@@ -115,8 +115,9 @@ func (cl *Client) do(ctx context.Context, op byte, enc func([]byte) []byte, dec 
 		return fmt.Errorf("cache-node %s: %w", cl.addr, err)
 	}
 	if rop == OpError {
+		msg := string(body) // body is the connection's buffer: copied before it is pooled
 		cl.put(c)
-		return &RemoteError{Message: string(body)}
+		return &RemoteError{Message: msg}
 	}
 	if rop != op {
 		c.c.Close()

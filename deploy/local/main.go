@@ -15,7 +15,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "demo") {
-		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-invalidator-metrics ADDR]")
+		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-invalidator-metrics ADDR] [-quma FILE]")
 		os.Exit(2)
 	}
 	verb := os.Args[1]
@@ -28,6 +28,7 @@ func main() {
 	fs.StringVar(&cfg.NATSBin, "nats-bin", cfg.NATSBin, `nats-server binary to run, or "embedded" to run NATS in this process`)
 	fs.IntVar(&cfg.CacheNodePort, "cache-node-port", cfg.CacheNodePort, "cache-node port on 127.0.0.1 (0: any free port)")
 	fs.StringVar(&cfg.InvalidatorMetrics, "invalidator-metrics", cfg.InvalidatorMetrics, `address of the invalidator's /metrics ("" for none)`)
+	fs.StringVar(&cfg.InvalidatorQUMA, "quma", cfg.InvalidatorQUMA, "the application's QUMA file: the invalidator publishes its tag column sets (default: each table's keys)")
 	_ = fs.Parse(os.Args[2:])
 	if cfg.NATSBin == "embedded" {
 		cfg.NATSBin = ""

@@ -40,6 +40,10 @@ type Config struct {
 	// free port); CacheNodeMemory its byte budget.
 	CacheNodePort   int
 	CacheNodeMemory int64
+	// InvalidatorQUMA is the application's QUMA file, whose tag column
+	// sets the invalidator publishes besides each table's keys ("": keys
+	// only).
+	InvalidatorQUMA string
 	// Log receives the invalidator's and the cache-node's logs; nil
 	// discards them.
 	Log *slog.Logger
@@ -149,6 +153,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 func (s *Stack) startInvalidator(cfg Config) error {
 	o := service.Defaults()
 	o.PG, o.NATS = s.PG.URL("postgres"), s.NATS.URL()
+	o.QUMA = cfg.InvalidatorQUMA
 	o.Metrics = ""
 	if cfg.InvalidatorMetrics != "" {
 		ln, err := net.Listen("tcp", cfg.InvalidatorMetrics)

@@ -86,14 +86,16 @@ func run() error {
 			return err
 		}
 	}
-	if *loadOnly {
-		return nil
-	}
 	// The application's QUMA file: the live schema and the specification's
-	// templates. Clients key only on the sets the invalidator publishes.
-	qumaFile, err := writeQUMA(ctx, env["LARDER_PG_URL"], *out)
+	// templates. The invalidator publishes its tag column sets (bench.sh
+	// restarts the stack with it after the load); clients key only on the
+	// sets the invalidator publishes.
+	qumaFile, err := writeQUMA(ctx, env["LARDER_PG_URL"], filepath.Dir(*envFile))
 	if err != nil {
 		return err
+	}
+	if *loadOnly {
+		return nil
 	}
 	env["LARDER_QUMA"] = qumaFile
 	pinned := "PostgreSQL not pinned"
