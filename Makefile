@@ -1,6 +1,7 @@
 # Larder — the two commands:
 #   make demo   installs what is missing, then runs the main job
 #   make test   installs what is missing, then checks formatting, vets, lints and runs every test
+#               (the core packages with the race detector)
 SHELL := /bin/bash
 GO ?= go
 GOBIN := $(shell $(GO) env GOPATH)/bin
@@ -30,8 +31,13 @@ vet:
 staticcheck:
 	$(STATICCHECK) ./...
 
+# The core packages (the cache-node's store, node and protocol, and the
+# client library) run with the race detector; the others without.
+RACE_PKGS := ./cache-node/node ./cache-node/store ./cache-node/protocol ./client-lib
+
 gotest:
-	$(GO) test $(GOTEST_FLAGS) ./...
+	$(GO) test $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -x $(foreach p,$(RACE_PKGS),-e github.com/larderdb/larder/$(patsubst ./%,%,$(p))))
+	$(GO) test -race $(GOTEST_FLAGS) $(RACE_PKGS)
 
 # A longer run of the history checker (client-lib): writers on PostgreSQL,
 # read-only transactions through Larder, the cache-node and the invalidator

@@ -5,8 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
+
+	"github.com/larderdb/larder/qumaana/quma"
 )
 
 // TestSchemaChangesReachCachedResults: the reported schema changes with
@@ -117,5 +120,64 @@ ALTER TABLE items REPLICA IDENTITY FULL`, false},
 				t.Errorf("after %s, %s:\n got  %s\n want %s", step.name, c.sql, got, w)
 			}
 		}
+	}
+}
+
+// A QUMA file written before a column was added: its schema does not know
+// the column the application now reads. The client analyzes with the live
+// catalog, so the result is tagged on the right table and column and a
+// change of that column ends it.
+func TestQUMAFileOlderThanTheSchema(t *testing.T) {
+	oldDDL := `CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL);
+ALTER TABLE items REPLICA IDENTITY FULL`
+	const q = "SELECT z FROM items WHERE id = $1"
+	s := startStackWith(t, oldDDL+";\nALTER TABLE items ADD COLUMN z int NOT NULL DEFAULT 1", "INSERT INTO items VALUES (1, 'a', 1)", q)
+	// The file the application ships with: analyzed before z existed.
+	schema, err := quma.LoadDDL(oldDDL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sol, err := quma.AnalyzeWorkload(schema, []quma.Statement{{SQL: "SELECT name FROM items WHERE id = $1", Frequency: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(s.quma)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sol.WriteJSON(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	c := s.client(t, 1<<20)
+	ctx := context.Background()
+	read := func() int {
+		t.Helper()
+		tx, err := c.BeginRO(ctx, 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Commit(ctx)
+		var z int
+		if err := tx.QueryRow(ctx, q, []any{1}, &z); err != nil {
+			t.Fatal(err)
+		}
+		return z
+	}
+	for deadline := time.Now().Add(10 * time.Second); c.Stats().L1Hits.Load()+c.Stats().NodeHits.Load() == 0; {
+		if z := read(); z != 1 {
+			t.Fatalf("z = %d, want 1", z)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the result was never served from the cache")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := s.conn.Exec(ctx, "UPDATE items SET z = 2 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // past the 200 ms staleness
+	if z := read(); z != 2 {
+		t.Fatalf("z = %d after the update: a result keyed by the file's older analysis stayed cached", z)
 	}
 }
