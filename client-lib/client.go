@@ -68,9 +68,10 @@ type Client struct {
 	maps       sync.Pool
 	puts       sync.WaitGroup
 
-	// minLSN: read-only transactions of this client use timestamps at or
-	// after it (read your writes).
-	minLSN atomic.Uint64
+	// own is the client's own session: every write through the client
+	// moves it; read-only transactions whose context carries no session
+	// belong to it (read your writes).
+	own    Session
 	stats  Stats
 	flight singleflight.Group
 	m      *clientMetrics
@@ -286,7 +287,7 @@ func (c *Client) node(key []byte) *protocol.Client {
 }
 
 // BeginRW starts a read/write transaction: straight PostgreSQL. Its
-// commit raises this client's minimum timestamp (read your writes).
+// commit moves its session (read your writes).
 func (c *Client) BeginRW(ctx context.Context) (*RWTx, error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
@@ -297,7 +298,8 @@ func (c *Client) BeginRW(ctx context.Context) (*RWTx, error) {
 		conn.Release()
 		return nil, fmt.Errorf("larder: %w", err)
 	}
-	return &RWTx{Tx: tx, conn: conn, c: c}, nil
+	sess, _ := SessionFromContext(ctx)
+	return &RWTx{Tx: tx, conn: conn, c: c, sess: sess}, nil
 }
 
 // RWTx is a read/write transaction (a pgx.Tx).
@@ -305,10 +307,12 @@ type RWTx struct {
 	pgx.Tx
 	conn *pgxpool.Conn
 	c    *Client
+	sess *Session // the session BeginRW's context carried, if any
 }
 
 // Commit commits and records the commit's WAL position: later read-only
-// transactions of the client see this transaction.
+// transactions of its session (the one BeginRW's or Commit's context
+// carries, and the client's own) see this transaction.
 func (t *RWTx) Commit(ctx context.Context) error {
 	defer t.release(ctx)
 	if err := t.Tx.Commit(ctx); err != nil {
@@ -318,7 +322,7 @@ func (t *RWTx) Commit(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	t.c.sawCommit(lsn)
+	t.c.sawCommit(ctx, t.sess, lsn)
 	return nil
 }
 
@@ -352,14 +356,26 @@ func (t *RWTx) release(ctx context.Context) {
 	_ = pc.Close(ctx)
 }
 
-// sawCommit raises the minimum timestamp of later read-only transactions.
-func (c *Client) sawCommit(lsn uint64) {
-	for {
-		old := c.minLSN.Load()
-		if lsn <= old || c.minLSN.CompareAndSwap(old, lsn) {
-			return
-		}
+// sawCommit records a commit at lsn: the client's own session, the
+// session ctx carries and sess (when not nil) all move to it.
+func (c *Client) sawCommit(ctx context.Context, sess *Session, lsn uint64) {
+	c.own.sawCommit(lsn)
+	if s, ok := SessionFromContext(ctx); ok {
+		s.sawCommit(lsn)
 	}
+	if sess != nil {
+		sess.sawCommit(lsn)
+	}
+}
+
+// minLSN is where the read-only transactions begun with ctx must read:
+// at or after the last commit of their session (the client's own when
+// ctx carries none).
+func (c *Client) minLSN(ctx context.Context) uint64 {
+	if s, ok := SessionFromContext(ctx); ok {
+		return s.MinLSN()
+	}
+	return c.own.MinLSN()
 }
 
 // Rollback rolls back.

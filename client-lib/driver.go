@@ -242,7 +242,8 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 			return nil, err
 		}
 		c.inRW = true
-		return &rwTx{Tx: tx, c: c}, nil
+		sess, _ := SessionFromContext(ctx)
+		return &rwTx{Tx: tx, c: c, sess: sess}, nil
 	}
 	if epoch := c.c.epoch.Load(); c.scopeStale || epoch != c.epoch {
 		scope, err := readScope(ctx, c.Conn.Conn())
@@ -307,20 +308,21 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	res, err := c.Conn.ExecContext(ctx, query, args)
 	if err == nil && !c.inRW && !pure {
 		// An autocommitted statement: later read-only transactions see it.
-		if err := c.noteWritten(ctx); err != nil {
+		if err := c.noteWritten(ctx, nil); err != nil {
 			return nil, err
 		}
 	}
 	return res, err
 }
 
-// noteWritten records the WAL position after a commit (read your writes).
-func (c *conn) noteWritten(ctx context.Context) error {
+// noteWritten records the WAL position after a commit (read your writes)
+// in the session ctx carries and in sess, when not nil.
+func (c *conn) noteWritten(ctx context.Context, sess *Session) error {
 	lsn, err := walAfterCommit(ctx, c.Conn.Conn())
 	if err != nil {
 		return err
 	}
-	c.c.sawCommit(lsn)
+	c.c.sawCommit(ctx, sess, lsn)
 	return nil
 }
 
@@ -393,7 +395,7 @@ func (r *writingRows) Close() error {
 	// when it is cancelled): the position is read on a fresh one.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 10*time.Second)
 	defer cancel()
-	return r.c.noteWritten(ctx)
+	return r.c.noteWritten(ctx, nil)
 }
 
 type roDriverTx struct{ c *conn }
@@ -413,7 +415,8 @@ func (t roDriverTx) end() error {
 // rwTx records the commit's WAL position for read-your-writes.
 type rwTx struct {
 	driver.Tx
-	c *conn
+	c    *conn
+	sess *Session // the session BeginTx's context carried, if any
 }
 
 func (t *rwTx) Commit() error {
@@ -422,7 +425,7 @@ func (t *rwTx) Commit() error {
 	if err := t.Tx.Commit(); err != nil {
 		return err
 	}
-	return t.c.noteWritten(context.Background())
+	return t.c.noteWritten(context.Background(), t.sess)
 }
 
 func (t *rwTx) Rollback() error {

@@ -77,7 +77,7 @@ func (c *Client) beginRO(ctx context.Context, staleness time.Duration, session *
 		staleness = c.cfg.Staleness
 	}
 	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), session: session, scope: scope}
-	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN.Load())
+	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN(ctx))
 	if len(t.cands) == 0 {
 		// No pin fits: a snapshot taken now, placed by the pincushion.
 		// PostgreSQL's own order of concurrent commits can make a snapshot
@@ -557,14 +557,6 @@ func pgConnOf(c dbConn) *pgconn.PgConn {
 		return c.PgConn()
 	}
 	panic(fmt.Sprintf("larder: no protocol connection under %T", c))
-}
-
-func (t *ROTx) run(ctx context.Context, sql string, args []any) (*Result, error) {
-	rows, err := t.conn.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
-	}
-	return readResult(rows)
 }
 
 // planChanged reports PostgreSQL's "cached plan must not change result
