@@ -235,7 +235,7 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 			t.cands = []invalidation.Pin{pin}
 			return nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !snapshotGone(err) {
 			return err
 		}
 		// The pin was released since (expired, thinned, or the
@@ -510,13 +510,15 @@ func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
 // count those whose storage is not the snapshot's ("" when all are held),
 // and the tables' list.
 func (t *ROTx) holdSQL(tables []string) (string, string) {
-	var lock []string
+	var lock, lits []string
 	for _, name := range tables {
 		if t.held[name] {
 			continue
 		}
 		if schema, rel, ok := strings.Cut(name, "."); ok {
-			lock = append(lock, pgx.Identifier{schema, rel}.Sanitize())
+			id := pgx.Identifier{schema, rel}.Sanitize()
+			lock = append(lock, id)
+			lits = append(lits, "'"+strings.ReplaceAll(id, "'", "''")+"'")
 		}
 	}
 	if len(lock) == 0 {
@@ -524,8 +526,9 @@ func (t *ROTx) holdSQL(tables []string) (string, string) {
 	}
 	list := strings.Join(lock, ", ")
 	return "LOCK TABLE " + list + " IN ACCESS SHARE MODE; " +
-		"SELECT count(*) FROM unnest(ARRAY['" + strings.ReplaceAll(list, "'", "''") + "']::regclass[]) AS r(oid), " +
-		"pg_catalog.pg_partition_tree(r.oid) AS pt LEFT JOIN pg_catalog.pg_class c ON c.oid = pt.relid " +
+		"SELECT count(*) FROM unnest(ARRAY[" + strings.Join(lits, ", ") + "]::regclass[]) AS r(oid) " +
+		"CROSS JOIN LATERAL (SELECT r.oid AS relid UNION SELECT p.relid FROM pg_catalog.pg_partition_tree(r.oid) AS p) AS t " +
+		"LEFT JOIN pg_catalog.pg_class c ON c.oid = t.relid " +
 		"WHERE c.oid IS NULL OR coalesce(pg_catalog.pg_relation_filenode(c.oid), 0) <> c.relfilenode", list
 }
 
@@ -557,6 +560,15 @@ func pgConnOf(c dbConn) *pgconn.PgConn {
 		return c.PgConn()
 	}
 	panic(fmt.Sprintf("larder: no protocol connection under %T", c))
+}
+
+// snapshotGone reports PostgreSQL's refusal of SET TRANSACTION SNAPSHOT
+// for a snapshot whose exporting transaction has ended: "invalid snapshot
+// identifier" (22023), or "could not import the requested snapshot"
+// (55000).
+func snapshotGone(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "22023" || pgErr.Code == "55000")
 }
 
 // planChanged reports PostgreSQL's "cached plan must not change result

@@ -51,7 +51,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "rubis-app:", err)
 		os.Exit(2)
 	}
-	srv := &http.Server{Addr: *listen, Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	// Each user carries its read-your-writes session in a cookie.
+	srv := &http.Server{Addr: *listen, Handler: larder.HTTPSessions(a.Handler()), ReadHeaderTimeout: 5 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	go func() {

@@ -296,7 +296,9 @@ func serve(db *sql.DB, staleness time.Duration) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	// Each emulated user carries its read-your-writes session in a
+	// cookie, as a web application would.
+	srv := &http.Server{Handler: larder.HTTPSessions(a.Handler()), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
 }
