@@ -40,11 +40,13 @@ gotest:
 	$(GO) test -race $(GOTEST_FLAGS) $(RACE_PKGS)
 
 # A longer run of the history checker (client-lib): writers on PostgreSQL,
-# read-only transactions through Larder, the cache-node and the invalidator
-# restarted mid-run; every transaction checked. HISTORY_SECONDS per case.
+# read-only transactions through Larder, every transaction checked, under
+# each fault schedule: the cache-node, the invalidator and NATS restarted;
+# the node's NATS connection cut; a Redis-backed node killed; redis-server
+# restarted; the replication slot dropped; DDL. HISTORY_SECONDS per case.
 HISTORY_SECONDS ?= 60
 history: deps
-	LARDER_HISTORY_SECONDS=$(HISTORY_SECONDS) $(GO) test -count=1 -timeout 30m -run 'TestSnapshotConsistency' -v ./client-lib
+	LARDER_HISTORY_SECONDS=$(HISTORY_SECONDS) $(GO) test -count=1 -timeout 60m -run 'TestSnapshotConsistency|TestHistoryUnderFaults/.*/broken=false' -v ./client-lib
 
 # RUBiS side by side (direct, larder, larder-nocons, local-only) at rising
 # client counts on a stack of its own; the report goes to bench/rubis/results.
