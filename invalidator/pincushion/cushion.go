@@ -53,6 +53,10 @@ type Config struct {
 	// WaitTimeout bounds the wait for the commit log to reach a
 	// snapshot's WAL insert LSN.
 	WaitTimeout time.Duration
+	// Nudge, when set, asks for a commit in the WAL soon (the publisher's
+	// heartbeat): a verify request waiting for the commit log to reach a
+	// client's position then waits milliseconds, not a heartbeat interval.
+	Nudge func()
 	// Log receives the cushion's logs (nil: discarded). Discarded
 	// candidates are logged at debug level.
 	Log *slog.Logger
@@ -216,6 +220,9 @@ func (c *Cushion) Stats() Stats {
 func (c *Cushion) VerifySnapshot(ctx context.Context, snap Snapshot, w uint64) (ts uint64, ok bool, reason string) {
 	wctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
 	defer cancel()
+	if c.cfg.Nudge != nil && c.log.ThroughLSN() < w {
+		c.cfg.Nudge() // a commit after w soon, not at the next heartbeat
+	}
 	if err := c.log.WaitThrough(wctx, w); err != nil {
 		return 0, false, fmt.Sprintf("commit log did not reach W %s within %s (it is at %s)",
 			fmtLSN(w), c.cfg.WaitTimeout, fmtLSN(c.log.ThroughLSN()))

@@ -4,12 +4,15 @@ import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
 	commits, rows, tags, messages, heartbeats prometheus.Counter
-	flushes                                   *prometheus.CounterVec
-	lagBytes, lagSeconds, confirmed           prometheus.Gauge
-	publishLatency                            prometheus.Histogram
-	slotsCreated                              *prometheus.CounterVec
-	slotStatus                                *prometheus.GaugeVec
-	slotRetained                              prometheus.Gauge
+	// nudges: heartbeats emitted early (after a published transaction, or
+	// for a client's fresh snapshot) rather than at the interval.
+	nudges                          prometheus.Counter
+	flushes                         *prometheus.CounterVec
+	lagBytes, lagSeconds, confirmed prometheus.Gauge
+	publishLatency                  prometheus.Histogram
+	slotsCreated                    *prometheus.CounterVec
+	slotStatus                      *prometheus.GaugeVec
+	slotRetained                    prometheus.Gauge
 }
 
 // slotStatuses are the values of pg_replication_slots.wal_status (and
@@ -23,6 +26,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		tags:         prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_tags_total", Help: "Tag changes published."}),
 		messages:     prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_messages_total", Help: "Invalidation messages published to JetStream."}),
 		heartbeats:   prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_heartbeats_total", Help: "Heartbeats published."}),
+		nudges:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_nudged_heartbeats_total", Help: "Heartbeats written early: after a published transaction, or for a client's fresh snapshot waiting to be placed."}),
 		flushes:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_flushes_total", Help: "Table flushes published, by reason."}, []string{"reason"}),
 		lagBytes:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_bytes", Help: "Server WAL end minus the last heartbeat published."}),
 		lagSeconds:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_seconds", Help: "Age of the last transaction published when it was published (0 when caught up)."}),
@@ -43,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.slotsCreated.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency,
+		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.nudges, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency,
 			m.slotsCreated, m.slotStatus, m.slotRetained)
 	}
 	return m

@@ -124,6 +124,8 @@ type Publisher struct {
 	cfg Config
 	m   *metrics
 	js  jetstream.JetStream
+	// nudge asks for a heartbeat now (Nudge), rather than at the next tick.
+	nudge chan struct{}
 
 	// conn is the session's ordinary connection: heartbeats, slot
 	// statistics and catalog reloads take connMu to use it.
@@ -154,7 +156,7 @@ func New(cfg Config) (*Publisher, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, m: newMetrics(cfg.Metrics)}
+	p := &Publisher{cfg: cfg, m: newMetrics(cfg.Metrics), nudge: make(chan struct{}, 1)}
 	return p, nil
 }
 
@@ -480,23 +482,35 @@ func (p *Publisher) ensureStream(ctx context.Context) error {
 }
 
 // emitHeartbeats commits a transaction holding only a transactional
-// logical decoding message every interval. Once its COMMIT is decoded,
-// every earlier commit has been; and being a real transaction with an xid,
-// it gives the pincushion a commit to place pins against even when the
-// database is otherwise idle.
+// logical decoding message every interval, and soon after a Nudge (at
+// most one per minNudgeGap). Once its COMMIT is decoded, every earlier
+// commit has been; and being a real transaction with an xid, it gives the
+// pincushion a commit to place pins against even when the database is
+// otherwise idle.
 func (p *Publisher) emitHeartbeats(ctx context.Context, conn *pgx.Conn) error {
 	const statsEvery = 5 * time.Second
 	t := time.NewTicker(p.cfg.Heartbeat)
 	defer t.Stop()
-	lastStats := time.Now()
+	lastStats, last := time.Now(), time.Time{}
+	p.Nudge() // the first at once: nodes learn a watermark without waiting an interval
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-p.nudge:
+			if wait := minNudgeGap - time.Since(last); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(wait):
+				}
+			}
+			p.m.nudges.Inc()
 		}
 		p.connMu.Lock()
 		_, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, '')`, HeartbeatPrefix)
+		last = time.Now()
 		if err == nil && time.Since(lastStats) >= statsEvery {
 			p.slotStats(ctx)
 			lastStats = time.Now()
@@ -508,6 +522,21 @@ func (p *Publisher) emitHeartbeats(ctx context.Context, conn *pgx.Conn) error {
 			}
 			return fmt.Errorf("publisher: emit heartbeat: %w", err)
 		}
+	}
+}
+
+// minNudgeGap bounds the heartbeats nudges cause: at most one per gap
+// (200 a second) however fast commits come.
+const minNudgeGap = 5 * time.Millisecond
+
+// Nudge asks for a heartbeat soon rather than at the next tick: after a
+// published transaction (so that watermarks follow writes within
+// milliseconds), or when a client waits for its fresh snapshot to be
+// placed (the pincushion).
+func (p *Publisher) Nudge() {
+	select {
+	case p.nudge <- struct{}{}:
+	default:
 	}
 }
 
@@ -731,6 +760,7 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 	if err := p.publish(&txn, changes); err != nil {
 		return err
 	}
+	p.Nudge() // a heartbeat soon: nodes' watermarks follow the writes
 	if schema != nil {
 		// Core NATS, after the flushes were handed to JetStream and the
 		// tag sets reply was updated: clients re-read both.

@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 const itemsDDL = `
@@ -171,5 +173,23 @@ func TestSchemaChangeFlushes(t *testing.T) {
 	want := "public.items(category)=5:cols=color public.items(id)=1:cols=color public.items:cols=color"
 	if got != want {
 		t.Errorf("got %s\nwant %s", got, want)
+	}
+}
+
+// Heartbeats follow the writes: with an interval of an hour, a published
+// transaction is still followed by a heartbeat past it (nudged), so nodes'
+// watermarks and the pincushion's commit log reach a write within
+// milliseconds rather than an interval.
+func TestHeartbeatFollowsEachWrite(t *testing.T) {
+	h := newHarness(t, `CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL);
+ALTER TABLE items REPLICA IDENTITY FULL`)
+	cfg := h.config()
+	cfg.Heartbeat = time.Hour
+	h.start(cfg)
+	for i := 1; i <= 3; i++ {
+		cs := h.step(fmt.Sprintf("INSERT INTO items VALUES (%d, 'x')", i))
+		if _, ok := cs[fmt.Sprintf("public.items(id)=%d", i)]; !ok {
+			t.Fatalf("insert %d: changes %s", i, describe(cs))
+		}
 	}
 }
