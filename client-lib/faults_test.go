@@ -12,6 +12,8 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -21,6 +23,7 @@ import (
 	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/cache-node/redisstore"
 	"github.com/larderdb/larder/cache-node/store"
+	"github.com/larderdb/larder/internal/invalidation"
 	"github.com/larderdb/larder/internal/servers"
 	"github.com/larderdb/larder/invalidator/publisher"
 )
@@ -87,40 +90,105 @@ func TestHistoryUnderFaults(t *testing.T) {
 	}
 }
 
-// slotDroppedRun: the invalidator stops, its replication slot is dropped
-// (as PostgreSQL does to a slot past max_slot_wal_keep_size, or an
-// operator), the writers go on for 500 ms, and the invalidator starts
-// again on a new slot while the writers wait, twice. What changed in the
-// gap reaches no node but through the new slot's flush of every table.
+// slotDroppedRun: the writers pause while readers cache results at a pin
+// after their last write; the invalidator stops, its replication slot is
+// dropped (as PostgreSQL does to a slot past max_slot_wal_keep_size, or an
+// operator), the writers change rows for 500 ms, and the invalidator
+// starts again on a new slot while the writers wait 3 s more (once per
+// 8 s of the run). What the gap changed reaches no node but through the
+// new slot's flush of every table.
 func slotDroppedRun(t *testing.T) historyRun {
 	return historyRun{
+		run: 8 * time.Second,
 		faults: func(ctx context.Context, t *testing.T, s *stack, run time.Duration) {
-			faultTimes(ctx, run, 2, func(int) {
+			locker, err := pgx.Connect(context.Background(), s.url)
+			if err != nil {
+				t.Errorf("fault: %v", err)
+				return
+			}
+			defer locker.Close(context.Background())
+			// hold makes the writers wait (readers do not) until the
+			// returned release.
+			hold := func() func() {
+				tx, err := locker.Begin(context.Background())
+				if err == nil {
+					_, err = tx.Exec(context.Background(), "LOCK TABLE accounts IN EXCLUSIVE MODE")
+				}
+				if err != nil {
+					t.Errorf("fault: %v", err)
+				}
+				return func() { _ = tx.Rollback(context.Background()) }
+			}
+			waitPin := func(after string) {
+				select {
+				case <-s.pinsAfter(t, after):
+				case <-ctx.Done():
+				case <-time.After(30 * time.Second):
+					t.Errorf("fault: no pin after %s within 30 s", after)
+				}
+			}
+			faultTimes(ctx, run, max(1, int(run/(8*time.Second))), func(int) {
+				release := hold()
+				waitPin(walNow(t, s))
+				pause(ctx, 300*time.Millisecond) // results cached at that pin: open versions
 				s.stopInvalidator()
 				if err := s.dropSlot(s.invOpts.Slot); err != nil {
 					t.Errorf("fault: %v", err)
 				}
 				t.Logf("fault: the invalidator's slot was dropped at WAL %s", walNow(t, s))
+				release()
 				pause(ctx, 500*time.Millisecond)
-				// The writers wait (readers do not) while the new slot
-				// starts and for a second after: without the new slot's
-				// flush, what the gap changed stays cached and is read at
-				// the new pins.
-				lock, err := s.conn.Begin(context.Background())
-				if err != nil {
-					t.Errorf("fault: %v", err)
-					return
-				}
-				defer lock.Rollback(context.Background())
-				if _, err := lock.Exec(context.Background(), "LOCK TABLE accounts IN EXCLUSIVE MODE"); err != nil {
-					t.Errorf("fault: %v", err)
-				}
-				t.Logf("fault: the invalidator starts on a new slot at WAL %s", walNow(t, s))
+				release = hold()
+				defer release()
+				restart := walNow(t, s)
+				t.Logf("fault: the invalidator starts on a new slot at WAL %s", restart)
+				fresh := s.pinsAfter(t, restart)
 				s.startInvalidator(t)
-				pause(ctx, 1500*time.Millisecond)
+				select {
+				case <-fresh:
+				case <-ctx.Done():
+				case <-time.After(30 * time.Second):
+					t.Errorf("fault: no pin after %s within 30 s", restart)
+				}
+				// Longer than any reader's staleness limit (2.2 s at most):
+				// without the flush, what the gap changed is read stale.
+				pause(ctx, 3*time.Second)
 			})
 		},
 	}
+}
+
+// pinsAfter returns a channel closed once the pincushion announces a pin
+// at or after the WAL position lsn.
+func (s *stack) pinsAfter(t *testing.T, lsn string) <-chan struct{} {
+	fresh := make(chan struct{})
+	var once sync.Once
+	done := func() { once.Do(func() { close(fresh) }) }
+	fail := func(err error) <-chan struct{} { // not the test's goroutine: no Fatal
+		t.Errorf("fault: watch the pins: %v", err)
+		done()
+		return fresh
+	}
+	at, err := pglogrepl.ParseLSN(lsn)
+	if err != nil {
+		return fail(err)
+	}
+	nc, err := nats.Connect(s.nats)
+	if err != nil {
+		return fail(err)
+	}
+	t.Cleanup(nc.Close)
+	if _, err := nc.Subscribe(invalidation.PinAnnounceSubject(s.prefix), func(m *nats.Msg) {
+		if pin, err := invalidation.DecodePin(m.Data); err == nil && pin.LSN >= uint64(at) {
+			done()
+		}
+	}); err != nil {
+		return fail(err)
+	}
+	if err := nc.Flush(); err != nil {
+		return fail(err)
+	}
+	return fresh
 }
 
 // ddlRun: schema changes without row changes while the writers and
