@@ -50,7 +50,7 @@ func main() {
 
 func run() error {
 	envFile := flag.String("env", ".larder-local/stack.env", "the local stack's env file (LARDER_PG_URL, LARDER_DSN)")
-	modes := flag.String("modes", "direct,larder,larder-nocons,local-only", "modes, comma-separated")
+	modes := flag.String("modes", "direct,larder,larder-nocons,local-only", "modes, comma-separated (also larder-client-ryw: larder without per-user sessions)")
 	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
 	duration := flag.Duration("duration", 30*time.Second, "measured time per run")
 	mix := flag.String("mix", "browsing", "bidding or browsing")
@@ -144,7 +144,10 @@ func run() error {
 		// measure PostgreSQL's fork, not the modes.
 		db.SetMaxOpenConns(64)
 		db.SetMaxIdleConns(64)
-		base, stop, err := serve(db, *staleness)
+		// Users carry their read-your-writes session in a cookie, except
+		// in larder-client-ryw, where every write holds back every user's
+		// reads (the client's own session).
+		base, stop, err := serve(db, *staleness, mode != "larder-client-ryw")
 		if err != nil {
 			return err
 		}
@@ -231,7 +234,7 @@ func modeDSN(mode, label string, env map[string]string) string {
 		q.Set("larder.quma", f)
 	}
 	switch mode {
-	case "larder":
+	case "larder", "larder-client-ryw":
 	case "larder-nocons":
 		// The ablation that measures what consistency costs.
 		larder.EnableUnsafeBenchmarkAblation()
@@ -287,7 +290,7 @@ func writeQUMA(ctx context.Context, pgURL, dir string) (string, error) {
 }
 
 // serve runs the application on a free port.
-func serve(db *sql.DB, staleness time.Duration) (string, func(), error) {
+func serve(db *sql.DB, staleness time.Duration, sessions bool) (string, func(), error) {
 	a, err := app.New(app.Config{DB: db, ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, staleness) }})
 	if err != nil {
 		return "", nil, err
@@ -296,9 +299,13 @@ func serve(db *sql.DB, staleness time.Duration) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	// Each emulated user carries its read-your-writes session in a
-	// cookie, as a web application would.
-	srv := &http.Server{Handler: larder.HTTPSessions(a.Handler()), ReadHeaderTimeout: 5 * time.Second}
+	h := a.Handler()
+	if sessions {
+		// Each emulated user carries its read-your-writes session in a
+		// cookie, as a web application would.
+		h = larder.HTTPSessions(h)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
 }
