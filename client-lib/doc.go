@@ -3,7 +3,7 @@
 //
 // A read-only transaction (BeginRO) gets a staleness limit. Its candidates
 // are the pincushion's exact pinned snapshots taken within that limit (and
-// at or after the client's last commit: read your writes). Each query
+// at or after its session's last commit: read your writes; see Session). Each query
 // looks in the L1, then on the key's cache-node, for a result valid
 // somewhere in the span the candidates still cover; a hit narrows the
 // candidates to its validity interval. A miss fixes the transaction at the
@@ -14,7 +14,12 @@
 // snapshot (counted as a fallback). Read/write transactions (BeginRW) go
 // straight to PostgreSQL.
 //
+// A Session is the unit of read-your-writes: it travels in a context
+// (WithSession), as a token between processes, and as a cookie for a web
+// application (HTTPSessions). A transaction whose context carries none
+// belongs to its client's own session, which every write through the
+// client moves.
+//
 // Importing the package registers the database/sql driver "larder" (see
-// Driver). Row-level-security-aware keys, fresh "now" snapshots and the
-// history checker are still to come.
+// Driver).
 package larder
