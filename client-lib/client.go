@@ -7,7 +7,6 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,8 +74,10 @@ type Client struct {
 	stats  Stats
 	flight singleflight.Group
 	m      *clientMetrics
-	// poolScope identifies what changes results besides the query, for
-	// the pool's sessions: the roles and every setting (readScope).
+	// scope reads sessions' scopes (loaded with the catalog); poolScope
+	// identifies what changes results besides the query, for the pool's
+	// sessions: the roles and every setting (readScope).
+	scope     atomic.Pointer[scopeQuery]
 	poolScope atomic.Pointer[sessionScope]
 }
 
@@ -130,7 +131,13 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	if c.pool, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
 		return nil, fmt.Errorf("larder: %w", err)
 	}
-	scope, err := readScope(ctx, c.pool)
+	sq, err := loadScopeQuery(ctx, c.pool)
+	if err != nil {
+		c.pool.Close()
+		return nil, err
+	}
+	c.scope.Store(sq)
+	scope, err := c.readScope(ctx, c.pool)
 	if err != nil {
 		c.pool.Close()
 		return nil, err
@@ -192,65 +199,12 @@ func (c *Client) followSchema() {
 	}
 }
 
-// sessionScope is what a session's results depend on besides the
-// statement: key names the roles and every setting; path is the search
-// path as PostgreSQL resolves it for the session (current_schemas).
-// temp: the session has a temporary schema, whose tables come first on
-// its path and may shadow any name; the catalog the client reads cannot
-// see them, so nothing the session reads is cached.
-type sessionScope struct {
-	key  string
-	path []string
-	temp bool
-}
-
-// scopeSQL reads a session's scope: the current and session roles and
-// every setting, hashed, and the resolved search path. Only settings that
-// cannot change a result are left out: the client's name and the
-// transaction-scoped ones (it is read outside transactions).
-//
-// Custom settings (app.tenant, read by a row-level-security policy) are
-// not listed by pg_settings while they are placeholders, which they are
-// unless an extension defines them. So the names that row-level-security
-// policies, views and the database's own functions read with
-// current_setting('…') are found in their definitions, and their values
-// in this session are part of the key too.
-const scopeSQL = `WITH custom AS (
-  SELECT DISTINCT lower(m[1]) AS name
-  FROM (SELECT coalesce(qual, '') || ' ' || coalesce(with_check, '') AS src FROM pg_catalog.pg_policies
-        UNION ALL SELECT definition FROM pg_catalog.pg_views WHERE schemaname NOT IN ('pg_catalog', 'information_schema')
-        UNION ALL SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-          WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')) s,
-    regexp_matches(s.src, 'current_setting\(\s*''([^'']+)''', 'g') AS m
-  WHERE position('.' in m[1]) > 0
-), settings AS (
-  SELECT name, setting FROM pg_catalog.pg_settings
-  WHERE name NOT IN ('application_name', 'transaction_isolation', 'transaction_read_only', 'transaction_deferrable')
-  UNION ALL
-  SELECT name, pg_catalog.current_setting(name, true) FROM custom
-  WHERE name NOT IN (SELECT name FROM pg_catalog.pg_settings)
-)
-SELECT current_user || E'\n' || session_user || E'\n' || coalesce(encode(sha256(convert_to(
-  string_agg(name || '=' || coalesce(setting, '<null>'), E'\n' ORDER BY name), 'UTF8')), 'hex'), ''),
-  pg_catalog.current_schemas(false)::text[], pg_catalog.pg_my_temp_schema() <> 0
-FROM settings`
-
 // dbConn is what a read-only transaction needs of a PostgreSQL session:
 // a pooled connection (native API) or a database/sql connection's own.
 type dbConn interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// readScope reads the session state that changes results (scopeSQL).
-func readScope(ctx context.Context, conn dbConn) (sessionScope, error) {
-	var sc sessionScope
-	if err := conn.QueryRow(ctx, scopeSQL).Scan(&sc.key, &sc.path, &sc.temp); err != nil {
-		return sc, fmt.Errorf("larder: read the session's roles and settings: %w", err)
-	}
-	sc.key += "\n" + strings.Join(sc.path, ",")
-	return sc, nil
 }
 
 // Close waits for pending puts and closes every connection.
@@ -346,7 +300,7 @@ func walAfterCommit(ctx context.Context, conn dbConn) (uint64, error) {
 // a connection is closed.
 func (t *RWTx) release(ctx context.Context) {
 	if t.conn.Conn().PgConn().TxStatus() == 'I' {
-		if scope, err := readScope(ctx, t.conn); err == nil && !scope.temp && scope.key == t.c.poolScope.Load().key {
+		if scope, err := t.c.readScope(ctx, t.conn); err == nil && !scope.temp && scope.key == t.c.poolScope.Load().key {
 			t.conn.Release()
 			return
 		}

@@ -167,7 +167,7 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	}
 	sc := pc.(*stdlib.Conn)
 	epoch := cl.epoch.Load()
-	scope, err := readScope(ctx, sc.Conn())
+	scope, err := cl.readScope(ctx, sc.Conn())
 	if err != nil {
 		_ = sc.Close()
 		return nil, err
@@ -246,7 +246,7 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		return &rwTx{Tx: tx, c: c, sess: sess}, nil
 	}
 	if epoch := c.c.epoch.Load(); c.scopeStale || epoch != c.epoch {
-		scope, err := readScope(ctx, c.Conn.Conn())
+		scope, err := c.c.readScope(ctx, c.Conn.Conn())
 		if err != nil {
 			return nil, err
 		}

@@ -183,7 +183,14 @@ func (c *Client) refreshKeying(ctx context.Context, why string) {
 		c.epoch.Add(1)
 		return
 	}
-	if scope, err := readScope(ctx, c.pool); err == nil {
+	// A schema change may add custom settings policies, views or functions
+	// read: the scope query is made again with the catalog.
+	if sq, err := loadScopeQuery(ctx, c.pool); err == nil {
+		c.scope.Store(sq)
+	} else {
+		c.cfg.Log.Warn("larder: listing the settings again failed; the earlier list is used", "why", why, "err", err)
+	}
+	if scope, err := c.readScope(ctx, c.pool); err == nil {
 		c.poolScope.Store(&scope)
 	}
 	c.keying.Store(k)
