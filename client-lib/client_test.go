@@ -248,23 +248,26 @@ func (s *stack) open(t testing.TB, pgURL string, nodes []string, l1 int64) *Clie
 	return c
 }
 
+// readInt reads one integer in a read-only transaction of c.
+func readInt(t *testing.T, ctx context.Context, c *Client, staleness time.Duration, sql string, args ...any) int {
+	t.Helper()
+	tx, err := c.BeginRO(ctx, staleness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Commit(ctx)
+	var n int
+	if err := tx.QueryRow(ctx, sql, args, &n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func TestReadsHitTheCacheAndSeeTheirWrites(t *testing.T) {
 	s := startStack(t)
 	c := s.client(t, 8<<20)
 	ctx := context.Background()
-	read := func() int {
-		t.Helper()
-		tx, err := c.BeginRO(ctx, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Commit(ctx)
-		var b int
-		if err := tx.QueryRow(ctx, readBalance, []any{1}, &b); err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	read := func() int { t.Helper(); return readInt(t, ctx, c, 0, readBalance, 1) }
 	if b := read(); b != 100 {
 		t.Fatalf("balance %d", b)
 	}

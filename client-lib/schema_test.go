@@ -151,19 +151,7 @@ ALTER TABLE items REPLICA IDENTITY FULL`
 	f.Close()
 	c := s.client(t, 1<<20)
 	ctx := context.Background()
-	read := func() int {
-		t.Helper()
-		tx, err := c.BeginRO(ctx, 200*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Commit(ctx)
-		var z int
-		if err := tx.QueryRow(ctx, q, []any{1}, &z); err != nil {
-			t.Fatal(err)
-		}
-		return z
-	}
+	read := func() int { t.Helper(); return readInt(t, ctx, c, 200*time.Millisecond, q, 1) }
 	for deadline := time.Now().Add(10 * time.Second); c.Stats().L1Hits.Load()+c.Stats().NodeHits.Load() == 0; {
 		if z := read(); z != 1 {
 			t.Fatalf("z = %d, want 1", z)
