@@ -53,6 +53,7 @@ func run() error {
 	modes := flag.String("modes", "direct,larder,larder-nocons,local-only", "modes, comma-separated (also larder-client-ryw: larder without per-user sessions)")
 	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
 	duration := flag.Duration("duration", 30*time.Second, "measured time per run")
+	warmup := flag.Duration("warmup", 10*time.Second, "unmeasured run before each mode's measured runs (0: none)")
 	mix := flag.String("mix", "browsing", "bidding or browsing")
 	think := flag.Float64("think", 0, "think-time factor (0: peak runs)")
 	preset := flag.String("preset", "txcache-memory", "data preset")
@@ -115,7 +116,7 @@ func run() error {
 		stalenesses = append(stalenesses, d)
 	}
 	rep := &report.Report{Mix: *mix, Scale: fmt.Sprintf("%s × %g (%d users, %d active items, %d old items)", *preset, *scale, size.Users, size.ActiveItems, size.OldItems),
-		Bound: *bound, Machine: fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run", runtime.NumCPU(), pinned, *stalenessList, *think, *duration)}
+		Bound: *bound, Machine: fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup)}
 	type variant struct {
 		mode, label string
 		staleness   time.Duration
@@ -150,6 +151,16 @@ func run() error {
 		base, stop, err := serve(db, *staleness, mode != "larder-client-ryw")
 		if err != nil {
 			return err
+		}
+		if *warmup > 0 {
+			// Unmeasured: every mode starts its measured runs warm (the
+			// node and L1s for the cached ones, PostgreSQL's buffers for
+			// all), not only the modes that happen to run later.
+			vus, _ := strconv.Atoi(strings.Split(*vusList, ",")[0])
+			if _, _, err := k6(ctx, base, vr.label, max(vus, 1), *warmup, *mix, *think, size); err != nil {
+				stop()
+				return fmt.Errorf("warm-up: %w", err)
+			}
 		}
 		for _, v := range strings.Split(*vusList, ",") {
 			vus, err := strconv.Atoi(v)
