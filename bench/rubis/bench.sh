@@ -6,13 +6,20 @@
 # the stack. Arguments go to rubis-bench.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-dir=.larder-bench
+# The stack's folder and ports (beside the development stack's by default)
+# can be moved, to run two benchmarks side by side or avoid a busy port.
+dir=${BENCH_DIR:-.larder-bench}
+mkdir -p "$dir" && dir=$(cd "$dir" && pwd)
+pg_port=${BENCH_PG_PORT:-25432}
+nats_port=${BENCH_NATS_PORT:-24222}
+redis_port=${BENCH_REDIS_PORT:-26379}
+node_port=${BENCH_NODE_PORT:-27070}
 go build -o "$dir/bin/local" ./deploy/local
 go build -o "$dir/bin/rubis-bench" ./bench/rubis/cmd/rubis-bench
 stack=
 start_stack() {
   rm -f "$dir/stack.env"
-  "$dir/bin/local" up -dir "$dir" -pg-port 25432 -nats-port 24222 -redis-port 26379 -cache-node-port 27070 -invalidator-metrics "" "$@" > "$dir/stack.log" 2>&1 &
+  "$dir/bin/local" up -dir "$dir" -pg-port "$pg_port" -nats-port "$nats_port" -redis-port "$redis_port" -cache-node-port "$node_port" -invalidator-metrics "" "$@" > "$dir/stack.log" 2>&1 &
   stack=$!
   for _ in $(seq 1 120); do
     [[ -s "$dir/stack.env" ]] && return 0
@@ -33,5 +40,5 @@ start_stack
 stop_stack
 # The invalidator publishes the application's tag column sets (the QUMA
 # file rubis-bench wrote from the live schema and RUBiS's templates).
-start_stack -quma "$PWD/$dir/quma.json"
+start_stack -quma "$dir/quma.json"
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --skip-load "$@"
