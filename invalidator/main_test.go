@@ -71,6 +71,8 @@ func exec1(t *testing.T, url, sql string) {
 // TestKillDuringWriteBurst kills the invalidator binary with SIGKILL while
 // writers commit, restarts it, and requires every committed transaction
 // to have been published at least once.
+var killRuns atomic.Int64
+
 func TestKillDuringWriteBurst(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "invalidator")
@@ -80,8 +82,10 @@ func TestKillDuringWriteBurst(t *testing.T) {
 	}
 	url := testenv.Database(t, env.PG)
 	exec1(t, url, `CREATE TABLE t (id int PRIMARY KEY, v int); ALTER TABLE t REPLICA IDENTITY FULL`)
-	prefix := "kill"
-	args := []string{"--pg", url, "--nats", env.NATS.URL(), "--slot", "kill", "--publication", "kill", "--prefix", prefix,
+	// Names of this run's own: a second run in the process (-count) must
+	// not read the first one's stream.
+	prefix := fmt.Sprintf("kill%d", killRuns.Add(1))
+	args := []string{"--pg", url, "--nats", env.NATS.URL(), "--slot", prefix, "--publication", prefix, "--prefix", prefix,
 		"--metrics", "", "--heartbeat", "20ms", "--pin-interval", "100ms", "--log-level", "warn"}
 	var logs bytes.Buffer
 	var logMu sync.Mutex

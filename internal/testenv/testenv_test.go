@@ -134,6 +134,7 @@ func TestNATSJetStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = js.DeleteStream(context.Background(), "TESTENV") }() // a second run (-count) starts empty
 	ack, err := js.Publish(ctx, "testenv.hello", []byte("world"), jetstream.WithMsgID("m1"))
 	if err != nil {
 		t.Fatal(err)
