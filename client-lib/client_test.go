@@ -180,28 +180,8 @@ func startStackWith(t testing.TB, ddl, seed string, templates ...string) *stack 
 	if _, err := s.conn.Exec(ctx, ddl+";"+seed); err != nil {
 		t.Fatal(err)
 	}
-	// The QUMA file.
-	schema, err := quma.LoadDDL(ddl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var work []quma.Statement
-	for _, tpl := range templates {
-		work = append(work, quma.Statement{SQL: tpl, Frequency: 1})
-	}
-	sol, err := quma.AnalyzeWorkload(schema, work)
-	if err != nil {
-		t.Fatal(err)
-	}
 	s.quma = filepath.Join(t.TempDir(), "quma.json")
-	f, err := os.Create(s.quma)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sol.WriteJSON(f); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	writeQUMA(t, s.quma, ddl, templates...)
 
 	s.invOpts = service.Defaults()
 	o := &s.invOpts
@@ -215,6 +195,31 @@ func startStackWith(t testing.TB, ddl, seed string, templates ...string) *stack 
 		s.stopNode()
 	})
 	return s
+}
+
+// writeQUMA writes to path the QUMA file analyzed from ddl and templates.
+func writeQUMA(t testing.TB, path, ddl string, templates ...string) {
+	t.Helper()
+	schema, err := quma.LoadDDL(ddl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var work []quma.Statement
+	for _, tpl := range templates {
+		work = append(work, quma.Statement{SQL: tpl, Frequency: 1})
+	}
+	sol, err := quma.AnalyzeWorkload(schema, work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := sol.WriteJSON(f); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (s *stack) client(t *testing.T, l1 int64) *Client {

@@ -5,11 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"os"
 	"testing"
 	"time"
-
-	"github.com/larderdb/larder/qumaana/quma"
 )
 
 // TestSchemaChangesReachCachedResults: the reported schema changes with
@@ -133,22 +130,7 @@ ALTER TABLE items REPLICA IDENTITY FULL`
 	const q = "SELECT z FROM items WHERE id = $1"
 	s := startStackWith(t, oldDDL+";\nALTER TABLE items ADD COLUMN z int NOT NULL DEFAULT 1", "INSERT INTO items VALUES (1, 'a', 1)", q)
 	// The file the application ships with: analyzed before z existed.
-	schema, err := quma.LoadDDL(oldDDL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sol, err := quma.AnalyzeWorkload(schema, []quma.Statement{{SQL: "SELECT name FROM items WHERE id = $1", Frequency: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Create(s.quma)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sol.WriteJSON(f); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	writeQUMA(t, s.quma, oldDDL, "SELECT name FROM items WHERE id = $1")
 	c := s.client(t, 1<<20)
 	ctx := context.Background()
 	read := func() int { t.Helper(); return readInt(t, ctx, c, 200*time.Millisecond, q, 1) }
