@@ -468,14 +468,13 @@ func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error
 // and the statement runs once more; one at a fresh snapshot cannot take
 // it again: the caller must retry the transaction (ErrRetry).
 func (t *ROTx) replan(ctx context.Context, sql string, args []any, tables []string) (*Result, error) {
-	res, err := (*Result)(nil), error(nil)
 	if t.snapshot != "" {
 		t.c.m.planRetries.Inc()
 		_ = t.closeConn(ctx)
-		if err = t.begin(ctx, t.snapshot, tables); err == nil {
-			res, err = t.onDB(ctx, sql, args)
+		if err := t.begin(ctx, t.snapshot, tables); err != nil {
+			return nil, err
 		}
-		if !planChanged(err) {
+		if res, err := t.onDB(ctx, sql, args); !planChanged(err) {
 			return res, err
 		}
 	}

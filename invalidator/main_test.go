@@ -68,11 +68,12 @@ func exec1(t *testing.T, url, sql string) {
 	}
 }
 
+// killRuns numbers TestKillDuringWriteBurst's runs in this process.
+var killRuns atomic.Int64
+
 // TestKillDuringWriteBurst kills the invalidator binary with SIGKILL while
 // writers commit, restarts it, and requires every committed transaction
 // to have been published at least once.
-var killRuns atomic.Int64
-
 func TestKillDuringWriteBurst(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "invalidator")
