@@ -26,6 +26,17 @@ type Statement struct {
 // file (a binary, a core dump) fails clearly instead of exhausting memory.
 const maxWorkloadInput = 1 << 30
 
+// MaxStatementBytes bounds one statement: PostgreSQL's parser, through
+// pg_query, needs about 150 times a statement's size in memory, so a
+// 10 MB statement (a generated INSERT, say) would take gigabytes. A
+// template file's statement over it is an error; a logged one is skipped
+// with a warning.
+const MaxStatementBytes = 256 << 10
+
+// MaxTemplateFile bounds a template file (hand-written templates are
+// small; the whole file is tokenized at once).
+const MaxTemplateFile = 8 << 20
+
 // ReadTemplates reads a file of SQL templates: statements separated by `;`,
 // with `$n` or `?` parameters (a statement uses one style or the other).
 // Comments are dropped. `??` stands for PostgreSQL's own `?` operator (as in
@@ -33,9 +44,24 @@ const maxWorkloadInput = 1 << 30
 // (same fingerprint) is merged and its frequency added up. A statement
 // PostgreSQL's parser rejects is a *SyntaxError naming the file and line.
 func ReadTemplates(r io.Reader, name string) ([]Statement, error) {
-	text, err := readAllLimited(r, name)
+	text, err := readAllLimitedTo(r, name, MaxTemplateFile)
 	if err != nil {
 		return nil, err
+	}
+	// A cheap split first: an oversized statement is refused before the
+	// whole file is tokenized (which costs far more memory).
+	if parts, err := pg.SplitWithScanner(text, true); err == nil {
+		off := 0
+		for _, p := range parts {
+			at := strings.Index(text[off:], p)
+			if at >= 0 {
+				at += off
+				off = at + len(p)
+			}
+			if len(p) > MaxStatementBytes {
+				return nil, fmt.Errorf("%s:%d: a statement of %d bytes: templates are limited to %d bytes each", name, lineOf(text, max(at, 0)), len(p), MaxStatementBytes)
+			}
+		}
 	}
 	scan, err := pg.Scan(text)
 	if err != nil {
@@ -58,6 +84,10 @@ func ReadTemplates(r io.Reader, name string) ([]Statement, error) {
 		}
 		sql := strings.TrimSpace(b.String())
 		src := fmt.Sprintf("%s:%d", name, lineOf(text, start))
+		if len(sql) > MaxStatementBytes {
+			flushErr = fmt.Errorf("%s: a statement of %d bytes: templates are limited to %d bytes each", src, len(sql), MaxStatementBytes)
+			return
+		}
 		if dollar && firstQ >= 0 {
 			flushErr = fmt.Errorf("%s: mixes $n and ? parameters", src)
 			return
@@ -126,8 +156,15 @@ func ReadTemplates(r io.Reader, name string) ([]Statement, error) {
 	if flushErr != nil {
 		return nil, flushErr
 	}
+	if len(m.stmts) == 0 {
+		return nil, fmt.Errorf("%s: %w", name, ErrNoTemplates)
+	}
 	return m.result(), nil
 }
+
+// ErrNoTemplates is the error of a template file without a statement
+// (empty, or comments only): analyzing it would cache nothing.
+var ErrNoTemplates = errors.New("holds no SQL statement (a template file lists the application's statements, separated by ';')")
 
 // ReadServerLog reads a PostgreSQL server log written with
 // log_statement=all (or log_min_duration_statement=0): the stderr format,
@@ -271,6 +308,10 @@ func (s *skipper) bad(where, why string) {
 // statements normalizes text (which may hold several statements) and adds
 // each to m.
 func (s *skipper) statements(m *merger, text string, freq int64, where string) {
+	if len(text) > 4*MaxStatementBytes {
+		s.bad(where, fmt.Sprintf("%d bytes of SQL in one entry (over %d)", len(text), 4*MaxStatementBytes))
+		return
+	}
 	parts, err := pg.SplitWithParser(text, true)
 	if err != nil {
 		s.bad(where, "does not parse: "+firstLine(err.Error()))
@@ -278,6 +319,10 @@ func (s *skipper) statements(m *merger, text string, freq int64, where string) {
 	}
 	for _, p := range parts {
 		if p == "" {
+			continue
+		}
+		if len(p) > MaxStatementBytes {
+			s.bad(where, fmt.Sprintf("a statement of %d bytes (over %d)", len(p), MaxStatementBytes))
 			continue
 		}
 		util, err := pg.IsUtilityStmt(p)
@@ -506,12 +551,16 @@ func unescapeCopy(f string) (string, error) {
 }
 
 func readAllLimited(r io.Reader, name string) (string, error) {
-	b, err := io.ReadAll(io.LimitReader(r, maxWorkloadInput+1))
+	return readAllLimitedTo(r, name, maxWorkloadInput)
+}
+
+func readAllLimitedTo(r io.Reader, name string, limit int) (string, error) {
+	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", name, err)
 	}
-	if len(b) > maxWorkloadInput {
-		return "", fmt.Errorf("%s: larger than %d bytes", name, maxWorkloadInput)
+	if len(b) > limit {
+		return "", fmt.Errorf("%s: larger than %d bytes", name, limit)
 	}
 	if bytes.IndexByte(b, 0) >= 0 {
 		return "", fmt.Errorf("%s: holds a NUL byte: not a text file", name)

@@ -60,9 +60,17 @@ func TestReadTemplatesErrors(t *testing.T) {
 			}
 		}
 	}
-	sts, err := ReadTemplates(strings.NewReader("-- only a comment\n;;\n"), "t.sql")
-	if err != nil || len(sts) != 0 {
-		t.Errorf("comments only: %v, %v", sts, err)
+	for _, in := range []string{"", "-- only a comment\n;;\n", "  \n/* nothing */"} {
+		if sts, err := ReadTemplates(strings.NewReader(in), "t.sql"); !errors.Is(err, ErrNoTemplates) {
+			t.Errorf("%q: %v, %v; want ErrNoTemplates", in, sts, err)
+		}
+	}
+	big := "SELECT * FROM t WHERE id IN (" + strings.Repeat("1,", MaxStatementBytes/2) + "1)"
+	if _, err := ReadTemplates(strings.NewReader("SELECT 1;\n"+big), "t.sql"); err == nil || !strings.Contains(err.Error(), "t.sql:2: a statement of") {
+		t.Errorf("a statement over MaxStatementBytes: %v", err)
+	}
+	if _, err := ReadTemplates(strings.NewReader(strings.Repeat("SELECT 1;\n", MaxTemplateFile/10+1)), "t.sql"); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("a template file over MaxTemplateFile: %v", err)
 	}
 }
 
