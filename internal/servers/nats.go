@@ -1,7 +1,9 @@
 package servers
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -29,6 +31,64 @@ type NATSConfig struct {
 	Bin string
 	// StartTimeout bounds start-up.
 	StartTimeout time.Duration
+	// Users, when set, are the only users the server admits: each
+	// authenticates with its nkey and may use only the subjects its
+	// permissions allow. Empty admits anyone (tests of other things).
+	Users []NATSUser
+}
+
+// NATSUser is a NATS user that authenticates with an nkey (the public
+// key, "U…"; the user holds the seed) and its subject permissions.
+type NATSUser struct {
+	Nkey                          string
+	PublishAllow, PublishDeny     []string
+	SubscribeAllow, SubscribeDeny []string
+	// AllowResponses lets the user answer requests it receives (one
+	// answer per request, within two minutes).
+	AllowResponses bool
+}
+
+func (u NATSUser) permissions() *server.Permissions {
+	p := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: u.PublishAllow, Deny: u.PublishDeny},
+		Subscribe: &server.SubjectPermission{Allow: u.SubscribeAllow, Deny: u.SubscribeDeny},
+	}
+	if u.AllowResponses {
+		p.Response = &server.ResponsePermission{MaxMsgs: server.DEFAULT_ALLOW_RESPONSE_MAX_MSGS, Expires: server.DEFAULT_ALLOW_RESPONSE_EXPIRATION}
+	}
+	return p
+}
+
+// natsConfigFile is the users' part of a nats-server configuration file
+// (JSON is valid NATS configuration syntax).
+func natsConfigFile(users []NATSUser) ([]byte, error) {
+	type subj struct {
+		Allow []string `json:"allow,omitempty"`
+		Deny  []string `json:"deny,omitempty"`
+	}
+	type perms struct {
+		Publish        subj `json:"publish"`
+		Subscribe      subj `json:"subscribe"`
+		AllowResponses bool `json:"allow_responses,omitempty"`
+	}
+	type user struct {
+		Nkey        string `json:"nkey"`
+		Permissions perms  `json:"permissions"`
+	}
+	var us []user
+	for _, u := range users {
+		us = append(us, user{Nkey: u.Nkey, Permissions: perms{
+			Publish: subj{u.PublishAllow, u.PublishDeny}, Subscribe: subj{u.SubscribeAllow, u.SubscribeDeny}, AllowResponses: u.AllowResponses,
+		}})
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // nats-server reads no \u escapes; subjects hold '>'
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(map[string]any{"authorization": map[string]any{"users": us}}); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // DefaultNATSConfig returns an embedded server with its store in dir on a free port.
@@ -53,6 +113,7 @@ func (c NATSConfig) Validate() error {
 // NATS is a running NATS server with JetStream enabled. Safe for concurrent use.
 type NATS struct {
 	port     int
+	auth     bool           // users are required: ping expects to be refused
 	embedded *server.Server // nil when running a binary
 	proc     *process       // nil when embedded
 
@@ -85,7 +146,7 @@ func StartNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &NATS{}
+	n := &NATS{auth: len(cfg.Users) > 0}
 	const attempts = 3
 	for attempt := 1; ; attempt++ {
 		n.port = cfg.Port
@@ -95,6 +156,17 @@ func StartNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 			}
 		}
 		args := []string{"-a", "127.0.0.1", "-p", strconv.Itoa(n.port), "-js", "-sd", store}
+		if len(cfg.Users) > 0 {
+			conf, err := natsConfigFile(cfg.Users)
+			if err != nil {
+				return nil, err
+			}
+			path := filepath.Join(dir, "nats.conf")
+			if err := os.WriteFile(path, conf, 0o600); err != nil {
+				return nil, fmt.Errorf("larder/servers: nats config: %w", err)
+			}
+			args = append(args, "-c", path)
+		}
 		n.proc, err = startProcess("nats-server", bin, args, filepath.Join(dir, "nats.log"), nil, syscall.SIGTERM)
 		if err != nil {
 			return nil, err
@@ -125,6 +197,9 @@ func startEmbeddedNATS(ctx context.Context, cfg NATSConfig, store string) (*NATS
 		NoSigs:     true,
 		// Invalidations are small; the default 1 MiB payload limit is kept.
 	}
+	for _, u := range cfg.Users {
+		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: u.Nkey, Permissions: u.permissions()})
+	}
 	s, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("larder/servers: nats: %w", err)
@@ -140,7 +215,7 @@ func startEmbeddedNATS(ctx context.Context, cfg NATSConfig, store string) (*NATS
 		s.Shutdown()
 		return nil, fmt.Errorf("larder/servers: nats: unexpected listen address %v", s.Addr())
 	}
-	n := &NATS{embedded: s, port: tcp.Port}
+	n := &NATS{embedded: s, port: tcp.Port, auth: len(cfg.Users) > 0}
 	if err := waitReady(ctx, nil, n.ping); err != nil {
 		s.Shutdown()
 		return nil, err
@@ -150,6 +225,9 @@ func startEmbeddedNATS(ctx context.Context, cfg NATSConfig, store string) (*NATS
 
 func (n *NATS) ping(ctx context.Context) error {
 	nc, err := nats.Connect(n.URL(), nats.Timeout(time.Second), nats.NoReconnect())
+	if n.auth && errors.Is(err, nats.ErrAuthorization) {
+		return nil // the server answered: it is up, and refuses strangers
+	}
 	if err != nil {
 		return err
 	}

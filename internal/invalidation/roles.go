@@ -1,0 +1,79 @@
+package invalidation
+
+// Role is what a NATS user of Larder may do. NATS enforces it with
+// per-user subject permissions (see Permissions): only the invalidator
+// may publish invalidations, heartbeats, schema notices and pins, and
+// answer the pin and tag-set requests; cache-nodes read the invalidation
+// stream; clients subscribe and ask.
+type Role string
+
+// The roles.
+const (
+	RoleInvalidator Role = "invalidator"
+	RoleCacheNode   Role = "cache-node"
+	RoleClient      Role = "client"
+)
+
+// Roles lists every role.
+var Roles = []Role{RoleInvalidator, RoleCacheNode, RoleClient}
+
+// Permissions are a role's NATS subject permissions: the allow and deny
+// lists of publish and subscribe, and whether the user may answer
+// requests sent to it (NATS's allow_responses).
+type Permissions struct {
+	PublishAllow, PublishDeny     []string
+	SubscribeAllow, SubscribeDeny []string
+	AllowResponses                bool
+}
+
+// requests are the subjects only the invalidator answers.
+func requests(prefix string) []string {
+	return []string{PinVerifySubject(prefix), PinListSubject(prefix), TagSetsSubject(prefix)}
+}
+
+// PermissionsFor returns the permissions of role under prefix.
+//
+// The invalidator publishes everything under the prefix, manages its
+// JetStream stream and answers requests. A cache-node publishes nothing
+// under the prefix: it only reads the stream (stream info, an ordered
+// consumer and single messages, all on the JetStream API of that one
+// stream) and subscribes. A client publishes only the requests (pin
+// verify, pin list, tag sets) and subscribes. Neither may publish to an
+// inbox, so neither can forge an answer to another's request, and
+// neither may subscribe to the request subjects.
+func PermissionsFor(role Role, prefix string) Permissions {
+	stream := StreamName(prefix)
+	switch role {
+	case RoleInvalidator:
+		return Permissions{
+			PublishAllow:   []string{prefix + ".>", "$JS.API.>"},
+			SubscribeAllow: []string{prefix + ".>", "_INBOX.>"},
+			AllowResponses: true,
+		}
+	case RoleCacheNode:
+		return Permissions{
+			PublishAllow: []string{
+				"$JS.API.INFO",
+				"$JS.API.STREAM.INFO." + stream,
+				"$JS.API.STREAM.MSG.GET." + stream,
+				"$JS.API.DIRECT.GET." + stream,
+				"$JS.API.DIRECT.GET." + stream + ".>",
+				"$JS.API.CONSUMER.CREATE." + stream,
+				"$JS.API.CONSUMER.CREATE." + stream + ".>",
+				"$JS.API.CONSUMER.INFO." + stream + ".>",
+				"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
+				"$JS.API.CONSUMER.DELETE." + stream + ".>",
+			},
+			SubscribeAllow: []string{prefix + ".>", "_INBOX.>"},
+			SubscribeDeny:  requests(prefix),
+		}
+	case RoleClient:
+		return Permissions{
+			PublishAllow:   requests(prefix),
+			SubscribeAllow: []string{prefix + ".>", "_INBOX.>"},
+			SubscribeDeny:  requests(prefix),
+		}
+	}
+	// An unknown role may do nothing.
+	return Permissions{PublishDeny: []string{">"}, SubscribeDeny: []string{">"}}
+}
