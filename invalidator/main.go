@@ -7,11 +7,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/larderdb/larder/internal/secret"
 	"github.com/larderdb/larder/invalidator/service"
 )
 
@@ -49,14 +53,39 @@ func parseFlags(args []string, stderr io.Writer) (service.Options, string, error
 	fs.DurationVar(&o.MaxStaleness, "max-staleness", o.MaxStaleness, "pins are kept this long")
 	fs.IntVar(&o.PinBudget, "pin-budget", o.PinBudget, "at most this many pins (open connections)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	natsNkey := fs.String("nats-nkey", os.Getenv("LARDER_NATS_NKEY"), "file holding the invalidator's NATS nkey seed (env LARDER_NATS_NKEY)")
+	pgPasswordFile := fs.String("pg-password-file", os.Getenv("LARDER_PG_PASSWORD_FILE"), "file holding the PostgreSQL password, so that --pg need not carry it (env LARDER_PG_PASSWORD_FILE)")
 	if err := fs.Parse(args); err != nil {
 		return o, "", err
+	}
+	if *natsNkey != "" {
+		opt, err := nats.NkeyOptionFromSeed(*natsNkey)
+		if err != nil {
+			return o, "", fmt.Errorf("--nats-nkey: %w", err)
+		}
+		o.NATSOptions = append(o.NATSOptions, opt)
 	}
 	if fs.NArg() > 0 {
 		return o, "", fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	if o.PG == "" {
 		return o, "", errors.New("--pg is required (a PostgreSQL URL)")
+	}
+	if *pgPasswordFile != "" {
+		pw, err := secret.FromFile(*pgPasswordFile)
+		if err != nil {
+			return o, "", fmt.Errorf("--pg-password-file: %w", err)
+		}
+		u, err := url.Parse(o.PG)
+		if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+			return o, "", errors.New("--pg-password-file needs --pg as a postgres:// URL")
+		}
+		user := ""
+		if u.User != nil {
+			user = u.User.Username()
+		}
+		u.User = url.UserPassword(user, pw)
+		o.PG = u.String()
 	}
 	o.NoDDLTrigger = !*ddlTrigger
 	if tables != "" {

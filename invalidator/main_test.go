@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"fmt"
 	"os"
 	"os/exec"
@@ -38,6 +39,9 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--pg", "postgres://x", "--pin-budget", "0"}, "pin budget"},
 		{[]string{"--pg", "postgres://x", "extra"}, "unexpected arguments"},
 		{[]string{"--pg", "postgres://x", "--quma", "/no/such/file.json", "--metrics", ""}, "no/such/file.json"},
+		{[]string{"--pg", "postgres://x", "--nats-nkey", "/no/such/seed.nk"}, "--nats-nkey"},
+		{[]string{"--pg", "postgres://x", "--pg-password-file", "/no/such/pw"}, "--pg-password-file"},
+		{[]string{"--pg", "host=x", "--pg-password-file", "/dev/null"}, "--pg-password-file"},
 	} {
 		var out bytes.Buffer
 		if code := run(c.args, &out); code != exitConfig || !strings.Contains(out.String(), c.want) {
@@ -270,4 +274,21 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(b)
+}
+
+// Secrets come from files, so that the command line (visible to every
+// user of the machine) need not carry them.
+func TestSecretsFromFiles(t *testing.T) {
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "pg.pw")
+	if err := os.WriteFile(pw, []byte("s3cr3t\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, _, err := parseFlags([]string{"--pg", "postgres://larder@db:5432/app?sslmode=disable", "--pg-password-file", pw}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.PG != "postgres://larder:s3cr3t@db:5432/app?sslmode=disable" {
+		t.Fatalf("--pg with the password from the file: %q", o.PG)
+	}
 }

@@ -28,8 +28,9 @@ const (
 )
 
 // MaxMessageSize bounds an encoded message; NATS's default payload limit
-// is 1 MiB. The invalidator splits a transaction's changes over several
-// messages rather than exceed it.
+// is 1 MiB. A message of the invalidator that would exceed it (or the
+// server's payload limit) is not sent: the tables it names are flushed at
+// its commit instead.
 const MaxMessageSize = 1 << 20
 
 // Change is what one committed transaction did to one tag.

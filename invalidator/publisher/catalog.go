@@ -153,6 +153,9 @@ type IdentityError struct {
 	Tables []string // schema-qualified
 	Fixes  []string // one ALTER TABLE per table
 	Why    []string
+	// NoIdentity[i]: Tables[i] has no replica identity at all, and
+	// PostgreSQL refuses its UPDATEs and DELETEs while it is published.
+	NoIdentity []bool
 }
 
 func (e *IdentityError) Error() string {
@@ -181,11 +184,11 @@ func checkIdentity(tables map[string]*tableInfo) *IdentityError {
 	e := &IdentityError{}
 	for _, n := range names {
 		t := tables[n]
-		why := ""
+		why, none := "", false
 		switch {
 		case t.identity == 'f':
 		case t.identity == 'n' || len(t.idCols) == 0:
-			why = fmt.Sprintf("%s: no replica identity (UPDATE and DELETE would fail, old rows are unknown)", n)
+			why, none = fmt.Sprintf("%s: no replica identity (UPDATE and DELETE would fail, old rows are unknown)", n), true
 		default:
 			have := map[string]bool{}
 			for _, c := range t.idCols {
@@ -206,6 +209,7 @@ func checkIdentity(tables map[string]*tableInfo) *IdentityError {
 		if why != "" {
 			e.Tables = append(e.Tables, n)
 			e.Why = append(e.Why, why)
+			e.NoIdentity = append(e.NoIdentity, none)
 			e.Fixes = append(e.Fixes, fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL;", t.quoted))
 		}
 	}

@@ -155,16 +155,19 @@ func (r *relation) keyTag(s int, vals []string) string {
 type changeSet struct {
 	byTag   map[string]int
 	changes []invalidation.Change
+	tables  []string // the table ("schema.table") of each change
 	rows    int
 }
 
 func (cs *changeSet) reset() {
 	clear(cs.byTag)
 	cs.changes = cs.changes[:0]
+	cs.tables = cs.tables[:0]
 	cs.rows = 0
 }
 
-func (cs *changeSet) add(c invalidation.Change) {
+// add records change c to a tag of table.
+func (cs *changeSet) add(table string, c invalidation.Change) {
 	key := c.Tag
 	if c.Flush {
 		key = "\x00flush\x00" + c.Tag // a flush and the table tag are different entries
@@ -178,11 +181,12 @@ func (cs *changeSet) add(c invalidation.Change) {
 	}
 	cs.byTag[key] = len(cs.changes)
 	cs.changes = append(cs.changes, c)
+	cs.tables = append(cs.tables, table)
 }
 
 func (cs *changeSet) flush(table string) {
-	cs.add(invalidation.Change{Tag: table, Flush: true})
-	cs.add(invalidation.Change{Tag: table, Rows: true})
+	cs.add(table, invalidation.Change{Tag: table, Flush: true})
+	cs.add(table, invalidation.Change{Tag: table, Rows: true})
 }
 
 // insert publishes the new row's table tag and keyed tags.
@@ -192,14 +196,14 @@ func (cs *changeSet) insert(r *relation, m *pglogrepl.InsertMessage) error {
 	if err != nil {
 		return err
 	}
-	cs.add(invalidation.Change{Tag: r.name, Rows: true})
+	cs.add(r.name, invalidation.Change{Tag: r.name, Rows: true})
 	return cs.rowKeys(r, nv)
 }
 
 // remove publishes the old row's tags.
 func (cs *changeSet) remove(r *relation, m *pglogrepl.DeleteMessage) error {
 	cs.rows++
-	cs.add(invalidation.Change{Tag: r.name, Rows: true})
+	cs.add(r.name, invalidation.Change{Tag: r.name, Rows: true})
 	if m.OldTuple == nil {
 		if len(r.sets) > 0 {
 			cs.flush(r.name) // no identity: the old keys are unknown
@@ -223,7 +227,7 @@ func (cs *changeSet) rowKeys(r *relation, vs []value) error {
 			return nil
 		}
 		if !null {
-			cs.add(invalidation.Change{Tag: r.keyTag(s, vals), Rows: true})
+			cs.add(r.name, invalidation.Change{Tag: r.keyTag(s, vals), Rows: true})
 		}
 	}
 	return nil
@@ -281,7 +285,7 @@ func (cs *changeSet) update(r *relation, m *pglogrepl.UpdateMessage) error {
 		return invalidation.Change{Tag: tag, AllColumns: !fullOld, Columns: changed}
 	}
 	if !fullOld || len(changed) > 0 {
-		cs.add(colChange(r.name))
+		cs.add(r.name, colChange(r.name))
 	}
 	for s := range r.sets {
 		oldVals, okOld, nullOld := r.key(s, ov)
@@ -292,15 +296,15 @@ func (cs *changeSet) update(r *relation, m *pglogrepl.UpdateMessage) error {
 		}
 		if !nullOld && !nullNew && slices.Equal(oldVals, newVals) {
 			if !fullOld || len(changed) > 0 {
-				cs.add(colChange(r.keyTag(s, oldVals)))
+				cs.add(r.name, colChange(r.keyTag(s, oldVals)))
 			}
 			continue
 		}
 		if !nullOld {
-			cs.add(invalidation.Change{Tag: r.keyTag(s, oldVals), Rows: true})
+			cs.add(r.name, invalidation.Change{Tag: r.keyTag(s, oldVals), Rows: true})
 		}
 		if !nullNew {
-			cs.add(invalidation.Change{Tag: r.keyTag(s, newVals), Rows: true})
+			cs.add(r.name, invalidation.Change{Tag: r.keyTag(s, newVals), Rows: true})
 		}
 	}
 	return nil

@@ -312,11 +312,7 @@ func (p *Publisher) applyDDL(ctx context.Context, xid uint32) ([]string, error) 
 			p.relations[id] = r.withSets(sets)
 		}
 	}
-	if ie := checkIdentity(after); ie != nil {
-		for _, w := range ie.Why {
-			p.cfg.Log.Warn("after a schema change: changes to this table flush it (its old keys are unknown)", "why", w)
-		}
-	}
+	p.identityAfterDDL(ctx, before, after)
 	var tags []string
 	for _, d := range p.ddl {
 		tags = append(tags, d.Tag)

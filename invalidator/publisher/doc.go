@@ -12,4 +12,9 @@
 // heartbeat and only then confirms its end to the slot, so a crash loses
 // nothing: the next run resumes from the slot and republishes,
 // de-duplicated by message id.
+//
+// A message too large for NATS (a tag holding a value of megabytes) is
+// replaced by a flush of its tables rather than stop the stream.
+// WatchSlot exports the WAL the slot retains and its wal_status, also
+// between sessions.
 package publisher

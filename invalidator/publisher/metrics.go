@@ -12,7 +12,11 @@ type metrics struct {
 	publishLatency                  prometheus.Histogram
 	slotsCreated                    *prometheus.CounterVec
 	slotStatus                      *prometheus.GaugeVec
-	slotRetained                    prometheus.Gauge
+	slotRetained, slotSafe          prometheus.Gauge
+	// oversized: messages too large to publish, replaced by flushes.
+	oversized prometheus.Counter
+	// identity: covered tables whose replica identity is a problem.
+	identity *prometheus.GaugeVec
 }
 
 // slotStatuses are the values of pg_replication_slots.wal_status (and
@@ -34,21 +38,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		slotsCreated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_slots_created_total", Help: "Replication slots created (each followed by a flush of every table), by reason: missing, lost."}, []string{"reason"}),
 		slotStatus:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_slot_wal_status", Help: "1 for the replication slot's current wal_status, 0 for the others."}, []string{"status"}),
 		slotRetained: prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_slot_retained_wal_bytes", Help: "WAL the replication slot retains: current WAL position minus its restart_lsn."}),
+		slotSafe:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_slot_safe_wal_bytes", Help: "WAL that can still be written before the replication slot is in danger of being invalidated (safe_wal_size); -1 when unlimited (max_slot_wal_keep_size = -1)."}),
+		oversized:    prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_oversized_messages_total", Help: "Invalidation messages too large to publish (a tag holding a very long value), replaced by flushes of their tables."}),
+		identity:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_replica_identity_problems", Help: "Published tables whose replica identity is a problem: no_identity (PostgreSQL refuses their UPDATEs and DELETEs), tag_columns (it lacks tag columns: each change flushes the table)."}, []string{"problem"}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "larder_invalidator_publish_latency_seconds",
 			Help:    "Commit (PostgreSQL's commit time) to hand-off to NATS.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
-	for _, r := range []string{"truncate", "schema", "ddl", "slot", "large_transaction"} {
+	for _, r := range []string{"truncate", "schema", "ddl", "slot", "large_transaction", "oversized"} {
 		m.flushes.WithLabelValues(r)
+	}
+	for _, r := range []string{"no_identity", "tag_columns"} {
+		m.identity.WithLabelValues(r)
 	}
 	for _, r := range []string{"missing", "lost"} {
 		m.slotsCreated.WithLabelValues(r)
 	}
 	if reg != nil {
 		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.nudges, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency,
-			m.slotsCreated, m.slotStatus, m.slotRetained)
+			m.slotsCreated, m.slotStatus, m.slotRetained, m.slotSafe, m.oversized, m.identity)
 	}
 	return m
 }

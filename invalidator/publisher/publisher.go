@@ -71,6 +71,9 @@ type Config struct {
 	Heartbeat     time.Duration // default 75ms
 	StreamMaxAge  time.Duration // default 1h
 	StreamMemory  bool          // memory storage instead of file
+	// SlotWatch is how often WatchSlot reads the slot's statistics
+	// (default 5s).
+	SlotWatch time.Duration
 	// MaxTagsPerTxn bounds the keyed tags of one transaction; past it the
 	// transaction flushes the tables it touched instead (default 10000).
 	MaxTagsPerTxn int
@@ -109,6 +112,9 @@ func (c *Config) setDefaults() error {
 	if c.StreamMaxAge <= 0 {
 		c.StreamMaxAge = time.Hour
 	}
+	if c.SlotWatch <= 0 {
+		c.SlotWatch = 5 * time.Second
+	}
 	if c.MaxTagsPerTxn <= 0 {
 		c.MaxTagsPerTxn = 10000
 	}
@@ -144,6 +150,11 @@ type Publisher struct {
 	cs    changeSet
 	ddl   []ddlPayload // the transaction's larder.ddl messages
 
+	watch slotWatch
+
+	// replicated: this Run published a heartbeat (see Replicated).
+	replicated atomic.Bool
+
 	pending   []jetstream.PubAckFuture
 	confirmed pglogrepl.LSN // slot position: everything before it is acknowledged
 	lastSent  time.Time     // last standby status update
@@ -164,6 +175,7 @@ func New(cfg Config) (*Publisher, error) {
 // something fails (the error; run it again to resume from the slot).
 func (p *Publisher) Run(ctx context.Context) error {
 	cfg := &p.cfg
+	p.replicated.Store(false)
 	conn, err := pgx.Connect(ctx, cfg.ConnString)
 	if err != nil {
 		return fmt.Errorf("publisher: connect: %w", err)
@@ -185,6 +197,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	chooseSets(p.tables, cfg.TagColumns)
 	p.noteSets()
 	if ie := checkIdentity(p.tables); ie != nil {
+		p.noteIdentity(ie)
 		if !cfg.FixReplicaIdentity {
 			return ie
 		}
@@ -198,6 +211,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		chooseSets(p.tables, cfg.TagColumns)
 		p.noteSets()
 	}
+	p.noteIdentity(checkIdentity(p.tables))
 
 	if p.js, err = jetstream.New(cfg.NATS, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(ackTimeout)); err != nil {
 		return fmt.Errorf("publisher: jetstream: %w", err)
@@ -213,6 +227,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 	rcfg.RuntimeParams["replication"] = "database"
 	repl, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
+		if insufficientPrivilege(err) {
+			return replicationPrivilegeError(ctx, conn, err)
+		}
 		return fmt.Errorf("publisher: replication connection: %w", err)
 	}
 	defer repl.Close(context.Background())
@@ -230,7 +247,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.slotStats(ctx)
+	p.connMu.Lock()
+	p.slotStats(ctx, conn)
+	p.connMu.Unlock()
 	err = pglogrepl.StartReplication(ctx, repl, cfg.Slot, start, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + cfg.Publication + "'", "messages 'true'"},
 	})
@@ -257,6 +276,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	return err
 }
+
+// Replicated reports whether the current or last Run published a
+// heartbeat: a full round trip through PostgreSQL (the heartbeat's commit
+// decoded from the slot) and JetStream (every message before it
+// acknowledged). A session that got this far found both working.
+func (p *Publisher) Replicated() bool { return p.replicated.Load() }
 
 // noteSets records the tables covered and their tag column sets.
 func (p *Publisher) noteSets() {
@@ -299,6 +324,9 @@ func (p *Publisher) ensurePublication(ctx context.Context, conn *pgx.Conn) error
 	}
 	sql := "CREATE PUBLICATION " + pgx.Identifier{p.cfg.Publication}.Sanitize() + " " + target
 	if _, err := conn.Exec(ctx, sql); err != nil {
+		if insufficientPrivilege(err) {
+			return p.publicationPrivilegeError(ctx, conn, sql, err)
+		}
 		return fmt.Errorf("publisher: %s: %w", sql, err)
 	}
 	p.cfg.Log.Info("created publication", "publication", p.cfg.Publication, "target", target)
@@ -392,7 +420,7 @@ func (p *Publisher) flushAll(ctx context.Context, lsn pglogrepl.LSN, tables map[
 		p.cs.flush(name)
 	}
 	txn := invalidation.Txn{CommitLSN: uint64(lsn), EndLSN: uint64(lsn), CommitTime: time.Now()}
-	if err := p.publish(&txn, p.cs.changes); err != nil {
+	if err := p.publish(&txn, p.cs.changes, p.cs.tables); err != nil {
 		return err
 	}
 	p.m.flushes.WithLabelValues("slot").Add(float64(len(names)))
@@ -432,33 +460,6 @@ func (p *Publisher) slotFailed(ctx context.Context, err error) error {
 	return errors.Join(err, errSlotLost)
 }
 
-// slotStats updates the slot's metrics: WAL it retains and wal_status.
-func (p *Publisher) slotStats(ctx context.Context) {
-	var status *string
-	var retained *float64
-	err := p.conn.QueryRow(ctx, `SELECT wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::float8 FROM pg_replication_slots WHERE slot_name = $1`, p.cfg.Slot).Scan(&status, &retained)
-	if err != nil {
-		if ctx.Err() == nil && !errors.Is(err, pgx.ErrNoRows) {
-			p.cfg.Log.Warn("read the slot's statistics", "err", err)
-		}
-		return
-	}
-	st := "unknown"
-	if status != nil {
-		st = *status
-	}
-	for _, s := range slotStatuses {
-		v := 0.0
-		if s == st {
-			v = 1
-		}
-		p.m.slotStatus.WithLabelValues(s).Set(v)
-	}
-	if retained != nil {
-		p.m.slotRetained.Set(*retained)
-	}
-}
-
 func (p *Publisher) ensureStream(ctx context.Context) error {
 	storage := jetstream.FileStorage
 	if p.cfg.StreamMemory {
@@ -485,10 +486,9 @@ func (p *Publisher) ensureStream(ctx context.Context) error {
 // pincushion a commit to place pins against even when the database is
 // otherwise idle.
 func (p *Publisher) emitHeartbeats(ctx context.Context, conn *pgx.Conn) error {
-	const statsEvery = 5 * time.Second
 	t := time.NewTicker(p.cfg.Heartbeat)
 	defer t.Stop()
-	lastStats, last := time.Now(), time.Time{}
+	var last time.Time
 	p.Nudge() // the first at once: nodes learn a watermark without waiting an interval
 	for {
 		select {
@@ -508,10 +508,6 @@ func (p *Publisher) emitHeartbeats(ctx context.Context, conn *pgx.Conn) error {
 		p.connMu.Lock()
 		_, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, '')`, HeartbeatPrefix)
 		last = time.Now()
-		if err == nil && time.Since(lastStats) >= statsEvery {
-			p.slotStats(ctx)
-			lastStats = time.Now()
-		}
 		p.connMu.Unlock()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -748,13 +744,13 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 		schema = &invalidation.SchemaChange{CommitLSN: uint64(m.CommitLSN), Flushed: flushed}
 		p.ddl = p.ddl[:0]
 	}
-	changes := p.cs.changes
+	changes, tables := p.cs.changes, p.cs.tables
 	if len(changes) > p.cfg.MaxTagsPerTxn {
-		changes = collapse(changes)
+		changes, tables = collapse(changes, tables)
 		p.m.flushes.WithLabelValues("large_transaction").Inc()
 	}
 	txn := invalidation.Txn{CommitLSN: uint64(m.CommitLSN), EndLSN: uint64(m.TransactionEndLSN), XID: p.begin.Xid, CommitTime: m.CommitTime}
-	if err := p.publish(&txn, changes); err != nil {
+	if err := p.publish(&txn, changes, tables); err != nil {
 		return err
 	}
 	p.Nudge() // a heartbeat soon: nodes' watermarks follow the writes
@@ -781,18 +777,57 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 }
 
 // publish hands the changes of one transaction to JetStream, one message
-// per subject.
-func (p *Publisher) publish(txn *invalidation.Txn, changes []invalidation.Change) error {
+// per subject; tables[i] is the table of changes[i]. A message that could
+// not be sent (larger than NATS takes: a tag holding a value of
+// megabytes) is replaced by a flush of its tables: the publisher never
+// stops on a message it cannot send.
+func (p *Publisher) publish(txn *invalidation.Txn, changes []invalidation.Change, tables []string) error {
 	if len(changes) == 0 {
 		return nil
 	}
+	limit := p.messageLimit()
+	msgs, over := p.encode(txn, changes, limit)
+	if len(over) > 0 {
+		changes, _ = p.replaceOversized(txn, changes, tables, over)
+		// A flush names one table: it fits (table names are short).
+		if msgs, over = p.encode(txn, changes, limit); len(over) > 0 {
+			return fmt.Errorf("publisher: a flush at %X does not fit in a message of %d bytes", txn.CommitLSN, limit)
+		}
+	}
+	for _, m := range msgs {
+		f, err := p.js.PublishMsgAsync(m, jetstream.WithMsgID(invalidation.MsgID(txn.CommitLSN, m.Subject)), jetstream.WithStallWait(30*time.Second))
+		if err != nil {
+			return fmt.Errorf("publisher: publish %s: %w", m.Subject, err)
+		}
+		p.pending = append(p.pending, f)
+		p.m.messages.Inc()
+	}
+	p.m.tags.Add(float64(len(changes)))
+	return nil
+}
+
+// messageHeadroom is left in a NATS message for its headers (the message
+// id).
+const messageHeadroom = 1024
+
+// messageLimit is the largest encoded message published: NATS's payload
+// limit, less the headers, and at most what decoders accept.
+func (p *Publisher) messageLimit() int {
+	limit := invalidation.MaxMessageSize
+	if mp := int(p.cfg.NATS.MaxPayload()); mp > 0 && mp-messageHeadroom < limit {
+		limit = mp - messageHeadroom
+	}
+	return limit
+}
+
+// encode makes one message per subject the changes touch, in the order of
+// their first change; over lists the subjects whose message is larger
+// than limit (no message is made for them).
+func (p *Publisher) encode(txn *invalidation.Txn, changes []invalidation.Change, limit int) (msgs []*nats.Msg, over map[string]int) {
 	bySubject := map[string][]invalidation.Change{}
 	var order []string
 	for _, c := range changes {
-		s := invalidation.TagSubject(p.cfg.SubjectPrefix, c.Tag)
-		if c.Flush {
-			s = invalidation.FlushSubject(p.cfg.SubjectPrefix, c.Tag)
-		}
+		s := p.subject(c)
 		if _, ok := bySubject[s]; !ok {
 			order = append(order, s)
 		}
@@ -801,34 +836,66 @@ func (p *Publisher) publish(txn *invalidation.Txn, changes []invalidation.Change
 	for _, s := range order {
 		txn.Changes = bySubject[s]
 		p.buf = invalidation.AppendTxn(p.buf[:0], txn)
-		msg := &nats.Msg{Subject: s, Data: append([]byte(nil), p.buf...)}
-		f, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(invalidation.MsgID(txn.CommitLSN, s)), jetstream.WithStallWait(30*time.Second))
-		if err != nil {
-			return fmt.Errorf("publisher: publish %s: %w", s, err)
+		if len(p.buf) > limit {
+			if over == nil {
+				over = map[string]int{}
+			}
+			over[s] = len(p.buf)
+			continue
 		}
-		p.pending = append(p.pending, f)
-		p.m.messages.Inc()
+		msgs = append(msgs, &nats.Msg{Subject: s, Data: append([]byte(nil), p.buf...)})
 	}
 	txn.Changes = nil
-	p.m.tags.Add(float64(len(changes)))
-	return nil
+	return msgs, over
 }
 
-// collapse replaces a very large change set by a flush of each table.
-func collapse(changes []invalidation.Change) []invalidation.Change {
-	var out []invalidation.Change
-	seen := map[string]bool{}
-	for _, c := range changes {
-		table := c.Tag
-		if i := strings.IndexByte(table, '('); i >= 0 && !c.Flush {
-			table = table[:i]
-		}
-		if !seen[table] {
-			seen[table] = true
-			out = append(out, invalidation.Change{Tag: table, Flush: true}, invalidation.Change{Tag: table, Rows: true})
-		}
+// subject is the subject a change travels on.
+func (p *Publisher) subject(c invalidation.Change) string {
+	if c.Flush {
+		return invalidation.FlushSubject(p.cfg.SubjectPrefix, c.Tag)
 	}
-	return out
+	return invalidation.TagSubject(p.cfg.SubjectPrefix, c.Tag)
+}
+
+// replaceOversized drops the changes on the subjects in over and flushes
+// their tables instead.
+func (p *Publisher) replaceOversized(txn *invalidation.Txn, changes []invalidation.Change, tables []string, over map[string]int) ([]invalidation.Change, []string) {
+	var cs changeSet
+	flush := map[string]bool{}
+	for i, c := range changes {
+		if _, ok := over[p.subject(c)]; ok {
+			flush[tables[i]] = true
+			continue
+		}
+		cs.add(tables[i], c)
+	}
+	names := make([]string, 0, len(flush))
+	for name := range flush {
+		names = append(names, name)
+		cs.flush(name)
+	}
+	sort.Strings(names)
+	sizes := make([]int, 0, len(over))
+	for _, n := range over {
+		sizes = append(sizes, n)
+	}
+	sort.Ints(sizes)
+	p.m.oversized.Add(float64(len(over)))
+	p.m.flushes.WithLabelValues("oversized").Add(float64(len(names)))
+	p.cfg.Log.Warn("invalidation messages too large to publish (a tag holding a very long value): flushing their tables instead",
+		"commit_lsn", pglogrepl.LSN(txn.CommitLSN).String(), "xid", txn.XID, "messages", len(over), "bytes", sizes,
+		"limit", p.messageLimit(), "tables", strings.Join(names, ", "))
+	return cs.changes, cs.tables
+}
+
+// collapse replaces a very large change set by a flush of each table
+// (tables[i] is the table of changes[i]).
+func collapse(changes []invalidation.Change, tables []string) ([]invalidation.Change, []string) {
+	var cs changeSet
+	for i := range changes {
+		cs.flush(tables[i])
+	}
+	return cs.changes, cs.tables
 }
 
 // heartbeat waits for JetStream to acknowledge every message so far, then
@@ -846,6 +913,7 @@ func (p *Publisher) heartbeat(ctx context.Context, through uint64, lsn pglogrepl
 		return fmt.Errorf("publisher: publish heartbeat: %w", err)
 	}
 	p.m.heartbeats.Inc()
+	p.replicated.Store(true)
 	if p.cfg.Commits != nil {
 		p.cfg.Commits.Through(through)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/internal/secret"
 	"github.com/larderdb/larder/invalidator/pincushion"
 	"github.com/larderdb/larder/invalidator/publisher"
 )
@@ -42,6 +43,9 @@ type Options struct {
 	PinInterval  time.Duration
 	MaxStaleness time.Duration
 	PinBudget    int
+	// NATSOptions are added to the NATS connection's options: the
+	// invalidator's credentials (nats.NkeyOptionFromSeed) and TLS.
+	NATSOptions []nats.Option
 }
 
 // Defaults returns the options the command line starts from.
@@ -79,13 +83,26 @@ func (o *Options) Validate() error {
 var ErrConfig = errors.New("configuration")
 
 // IsConfig reports whether err is a configuration error (including a
-// replica identity the start-up check refused, and DDL event triggers
-// that could not be installed).
+// replica identity the start-up check refused, DDL event triggers that
+// could not be installed, and a missing privilege: to create the
+// publication, to replicate).
 func IsConfig(err error) bool {
 	var ie *publisher.IdentityError
 	var te *publisher.DDLTriggerError
-	return errors.Is(err, ErrConfig) || errors.As(err, &ie) || errors.As(err, &te)
+	var pe *publisher.PrivilegeError
+	return errors.Is(err, ErrConfig) || errors.As(err, &ie) || errors.As(err, &te) || errors.As(err, &pe)
 }
+
+// The wait between two replication sessions: a dependency (PostgreSQL,
+// NATS) that comes back is used again within maxBackoff.
+const (
+	minBackoff = 250 * time.Millisecond
+	maxBackoff = 2 * time.Second
+)
+
+// natsReconnectWait is the pause between two attempts to reconnect to
+// NATS.
+const natsReconnectWait = 250 * time.Millisecond
 
 // Run runs the publisher (resuming from the slot after any failure) and
 // the pincushion until ctx ends.
@@ -119,11 +136,12 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		log.Info("metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
 	}
 
-	nc, err := nats.Connect(o.NATS, nats.Name("larder-invalidator"), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1),
+	nc, err := nats.Connect(o.NATS, append([]nats.Option{nats.Name("larder-invalidator"), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1),
+		nats.ReconnectWait(natsReconnectWait),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("NATS reconnected") }))
+		nats.ReconnectHandler(func(*nats.Conn) { log.Info("NATS reconnected") })}, o.NATSOptions...)...)
 	if err != nil {
-		return fmt.Errorf("connect to NATS %s: %w", o.NATS, err)
+		return fmt.Errorf("connect to NATS %s: %w", secret.RedactURL(o.NATS), err)
 	}
 	defer nc.Close()
 
@@ -187,12 +205,20 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		cushionDone <- nil
 	}
 
+	// The slot's statistics are exported also between sessions.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() { pub.WatchSlot(watchCtx); close(watchDone) }()
+	defer func() { stopWatch(); <-watchDone }()
+
 	// The publisher resumes from the slot after any failure; only a
-	// configuration error (replica identity, DDL triggers) stops the
-	// process.
-	backoff := time.Second
+	// configuration error (publication, replica identity, DDL triggers)
+	// stops the process. The wait before a new session doubles from
+	// minBackoff to maxBackoff while sessions fail before their first
+	// heartbeat, and starts again from minBackoff after a session that
+	// published one (PostgreSQL and NATS both answered).
+	backoff := minBackoff
 	for {
-		start := time.Now()
 		err := pub.Run(ctx)
 		if ctx.Err() != nil {
 			break
@@ -200,8 +226,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		if IsConfig(err) {
 			return err
 		}
-		if time.Since(start) > time.Minute {
-			backoff = time.Second
+		if pub.Replicated() {
+			backoff = minBackoff
 		}
 		restarts.Inc()
 		log.Error("replication session failed; resuming from the slot", "err", err, "in", backoff)
@@ -212,7 +238,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		if ctx.Err() != nil {
 			break
 		}
-		backoff = min(2*backoff, 30*time.Second)
+		backoff = min(2*backoff, maxBackoff)
 	}
 	if err := <-cushionDone; err != nil {
 		return fmt.Errorf("pincushion: %w", err)
