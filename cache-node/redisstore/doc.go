@@ -76,10 +76,11 @@
 // against the value) and shrinks with the data: when Redis evicts a value
 // it publishes a keyevent notification, and a subscriber in the store runs
 // a script that drops that version's entry and index memberships and, if
-// it was the key's last version, remembers the key as evicted. New turns
-// these notifications on (notify-keyspace-events E, e, x) when it sets
-// maxmemory; with MaxMemory 0 it uses them only if the server already
-// sends them. Notifications are at most once (a reconnection loses them);
+// it was the key's last version, remembers the key as evicted. The store
+// always subscribes to these notifications (keyevent notifications of
+// evicted and expired keys); the server sends them when its
+// notify-keyspace-events has E, e and x (see Server settings).
+// Notifications are at most once (a reconnection loses them);
 // every script that meets a version whose value is gone cleans it up the
 // same way: Lookup (the versions it chooses from, and all versions of the
 // key on a miss), Invalidate and Holds (the members they read), Put (two
@@ -91,25 +92,74 @@
 // fails, and the node caches nothing more until invalidations and EndOpen
 // (which always run) free the index sets.
 //
+// # Server settings
+//
+// The store needs no CONFIG rights: maxmemory, maxmemory-policy and
+// notify-keyspace-events are the operator's settings (redis.conf), which
+// New reads and checks. It reads maxmemory and maxmemory-policy from INFO
+// memory. notify-keyspace-events cannot be read without CONFIG GET: New
+// lets a key of its own (P:probe:<token>) expire a millisecond after it
+// sets it, reads it until it is gone (a read expires a key past its time
+// at once), and sees whether the notification reached its subscriber
+// before a PING sent after. What it finds is in Store.Server, and each
+// setting is judged by what it costs:
+//
+//   - A maxmemory-policy other than volatile-lru, volatile-lfu,
+//     volatile-random, volatile-ttl or noeviction (allkeys-lru, say) may
+//     evict index sets, and a version missing from its sets is served
+//     after its data changed: New refuses it with an error, and so does
+//     EndOpen when a server that restarted comes back with it.
+//   - A maxmemory that leaves nothing above the baseline (see Budget)
+//     would have Redis refuse every Put: an error.
+//   - Costs of efficiency only are warnings, logged (Options.Log) and in
+//     ServerSettings.Warnings: no maxmemory (Redis never evicts; the
+//     store grows until its values expire); noeviction (once maxmemory is
+//     reached every Put fails until values expire); another volatile
+//     policy (values only are evicted, as needed, but not the least
+//     recently used first); a budget (maxmemory above the baseline) more
+//     than an eighth from Options.MaxMemory, the node's; no notification
+//     of the probe's expiry (the lazy cleanup described above does their
+//     work, later, and Stats' counts include the dangling entries until
+//     then). The notifications of evicted keys (the e flag) cannot be
+//     observed without an eviction: they are taken to be set with the
+//     others.
+//
+// Options.ConfigureServer is for a Redis the caller owns (tests): New then
+// sets the three itself with CONFIG SET, as described under Budget.
+//
+// The Redis user needs, besides its keys (P:*), the channels
+// __keyevent@<db>__:evicted and __keyevent@<db>__:expired and the
+// commands the store sends: PING, INFO, GET, HGET, HMGET, SCAN, SCRIPT
+// LOAD, EVALSHA, SUBSCRIBE (SELECT and CLIENT SETNAME if the URL asks for
+// them), and those its scripts call: HSET, HGETALL, HINCRBY, HDEL, SADD,
+// SRANDMEMBER, SMEMBERS, SREM, SET, PEXPIRE, EXISTS, STRLEN, INCR,
+// SETRANGE, DEL. internal/servers.RedisCacheNodeACL is that rule set for
+// the prefix larder; the tests run the store as a user with it. Errors
+// name the server's address and the user, never the password.
+//
 // # Budget and Stats
 //
-// MaxMemory is the byte budget for the store's data; maxmemory is the
-// server's, so a Redis has one budgeted store. New measures a
-// baseline: used_memory once the store is set up (start-up memory,
-// connections, the scripts, the ghost ring, Redis's per-command
-// bookkeeping, which New allocates by running every command once), minus
-// the size of the versions already held (a restart on a warm Redis), and
-// sets maxmemory to baseline + MaxMemory - a margin of at most 4 KiB
-// (Redis evicts before a command runs; what the command then allocates,
-// such as the INFO reply that reads used_memory, is above the line).
+// The budget is the room for the store's data: maxmemory is the server's,
+// so a Redis has one budgeted store. New measures a baseline: used_memory
+// once the store is set up (start-up memory, connections, the scripts,
+// the ghost ring, Redis's per-command bookkeeping, which New allocates by
+// running every command once), minus the size of the versions already
+// held (a restart on a warm Redis). Redis evicts before a command runs;
+// what the command then allocates, such as the INFO reply that reads
+// used_memory, is above the line: a margin m of at most 4 KiB (an eighth
+// of a small budget) covers it. The budget is then maxmemory - baseline +
+// m, as New found maxmemory (0, unlimited, when the server has none).
+// With ConfigureServer, New instead sets maxmemory to baseline +
+// MaxMemory - m with maxmemory-policy volatile-lru, and the budget is
+// MaxMemory. A version larger than the budget is refused
+// (store.ErrTooLarge).
 //
 // Stats reports Keys and Versions from the store's counts (exact while
-// notifications flow; with notifications, Stats first waits until every
-// notification sent before it is applied), Bytes = used_memory minus the
-// baseline (so it includes connections opened later: the whole server is
-// held to the budget), Budget = MaxMemory (or the server's own maxmemory
-// above the baseline, 0 if none), and Evictions = INFO evicted_keys, which
-// counts values only when the server is the store's alone.
+// notifications flow; Stats first waits until every notification sent
+// before it is applied), Bytes = used_memory minus the baseline (so it
+// includes connections opened later: the whole server is held to the
+// budget), Budget = the budget above, and Evictions = INFO evicted_keys,
+// which counts values only when the server is the store's alone.
 //
 // # Misses
 //
@@ -139,7 +189,6 @@
 // persistent server may have lost the invalidations of its last second).
 // Settle saves the watermark in the same script that settles versions, so
 // the file never holds a version settled beyond its saved watermark. Such
-// a server comes back with its configuration file's settings, not those
-// New set (maxmemory, the policy, the notifications: put them in
-// redis.conf).
+// a server comes back with its configuration file's settings (those
+// ConfigureServer set are gone): EndOpen checks the policy again.
 package redisstore

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -29,21 +30,29 @@ type events struct {
 	seq     atomic.Uint64
 	mu      sync.Mutex
 	waiters map[string]chan struct{}
+
+	// probeKey, while probe runs, is its key; probeSeen is set when the
+	// key's expiry is notified.
+	probeKey  atomic.Pointer[string]
+	probeSeen atomic.Bool
 }
 
 // retryPause is how long the subscriber waits before receiving again after
 // an error (the client reconnects and subscribes again meanwhile).
 const retryPause = 100 * time.Millisecond
 
-func startEvents(ctx context.Context, s *Store, evicted, expired bool) (*events, error) {
+// errNoChannelRights: the Redis user may not subscribe to the
+// notifications.
+var errNoChannelRights = errors.New("the Redis user may not subscribe to the keyevent notifications of evicted and expired keys " +
+	"(grant &__keyevent@*__:evicted and &__keyevent@*__:expired)")
+
+// startEvents subscribes to the keyevent notifications of evicted and
+// expired keys, whether the server sends them or not: only the server's
+// setting decides, and a subscription that receives nothing costs
+// nothing.
+func startEvents(ctx context.Context, s *Store) (*events, error) {
 	db := s.rdb.Options().DB
-	var channels []string
-	if evicted {
-		channels = append(channels, fmt.Sprintf("__keyevent@%d__:evicted", db))
-	}
-	if expired {
-		channels = append(channels, fmt.Sprintf("__keyevent@%d__:expired", db))
-	}
+	channels := []string{fmt.Sprintf("__keyevent@%d__:evicted", db), fmt.Sprintf("__keyevent@%d__:expired", db)}
 	ps := s.rdb.Subscribe(ctx, channels...)
 	// Wait for the confirmations: what is evicted after New returns is
 	// seen.
@@ -51,6 +60,9 @@ func startEvents(ctx context.Context, s *Store, evicted, expired bool) (*events,
 		msg, err := ps.Receive(ctx)
 		if err != nil {
 			_ = ps.Close()
+			if redis.HasErrorPrefix(err, "NOPERM") {
+				return nil, errNoChannelRights
+			}
 			return nil, fmt.Errorf("redisstore: subscribe to eviction notifications: %w", err)
 		}
 		if _, ok := msg.(*redis.Subscription); ok {
@@ -61,6 +73,41 @@ func startEvents(ctx context.Context, s *Store, evicted, expired bool) (*events,
 	e := &events{s: s, ps: ps, cancel: cancel, done: make(chan struct{}), waiters: map[string]chan struct{}{}}
 	go e.loop(loopCtx)
 	return e, nil
+}
+
+// probeTries bounds how long probe waits for its key to expire (a
+// millisecond per try).
+const probeTries = 1000
+
+// probe reports whether the server's keyevent notifications of expired
+// keys reach the subscriber, which tells notify-keyspace-events without
+// CONFIG GET: it sets key to expire in a millisecond, reads it until it is
+// gone (a read of a key past its time expires it at once, and the
+// notification is sent then), and waits until every notification sent
+// before is applied.
+func (e *events) probe(ctx context.Context, key string) (bool, error) {
+	e.probeKey.Store(&key)
+	defer e.probeKey.Store(nil)
+	if err := e.s.rdb.Set(ctx, key, "", time.Millisecond).Err(); err != nil {
+		return false, err
+	}
+	for try := 0; ; try++ {
+		if try == probeTries {
+			return false, fmt.Errorf("%s did not expire", key)
+		}
+		time.Sleep(time.Millisecond)
+		n, err := e.s.rdb.Exists(ctx, key).Result()
+		if err != nil {
+			return false, err
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if err := e.sync(ctx); err != nil {
+		return false, err
+	}
+	return e.probeSeen.Load(), nil
 }
 
 func (e *events) loop(ctx context.Context) {
@@ -92,6 +139,10 @@ func (e *events) loop(ctx context.Context) {
 
 // apply handles one evicted or expired key.
 func (e *events) apply(ctx context.Context, name string) {
+	if k := e.probeKey.Load(); k != nil && name == *k {
+		e.probeSeen.Store(true)
+		return
+	}
 	rest, ok := strings.CutPrefix(name, e.s.p+"v:")
 	if !ok || len(rest) < 8 {
 		return

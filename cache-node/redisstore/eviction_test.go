@@ -12,7 +12,7 @@ import (
 
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
-	"github.com/larderdb/larder/internal/testenv"
+	"github.com/larderdb/larder/internal/servers"
 )
 
 // decodeEntry reads a directory entry (the inverse of encodeEntry).
@@ -71,13 +71,14 @@ func scanKeys(t testing.TB, c *redis.Client, match string) []string {
 	return out
 }
 
-// audit scans the store's keys. Eviction is off meanwhile (the scan's
+// audit scans the store's keys through admin, a client with every right
+// (the store's may lack CONFIG). Eviction is off meanwhile (the scan's
 // replies could push the server over maxmemory), and the notifications
 // sent before are applied first.
-func (s *Store) audit(t testing.TB) audit {
+func (s *Store) audit(t testing.TB, admin *redis.Client) audit {
 	t.Helper()
 	var a audit
-	c := s.rdb
+	c := admin
 	// The statistics first, while Redis still evicts down to maxmemory:
 	// what the audit's own commands allocate once eviction is off below
 	// must not count against the budget.
@@ -145,7 +146,7 @@ func (s *Store) audit(t testing.TB) audit {
 const infoSlack = 1 << 10
 
 // filler puts versions with tags until far over the budget and records
-// what it put.
+// what it put. c is a client with every right.
 type filler struct {
 	t       *testing.T
 	s       *Store
@@ -162,8 +163,8 @@ type putRecord struct {
 	v    store.Version
 }
 
-func newFiller(t *testing.T, s *Store) *filler {
-	mm, err := s.rdb.ConfigGet(ctx, "maxmemory").Result()
+func newFiller(t *testing.T, s *Store, admin *redis.Client) *filler {
+	mm, err := admin.ConfigGet(ctx, "maxmemory").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +172,7 @@ func newFiller(t *testing.T, s *Store) *filler {
 	if maxmem == 0 {
 		t.Fatal("no maxmemory")
 	}
-	return &filler{t: t, s: s, c: s.rdb, maxmem: maxmem, byTag: map[string][]int{}}
+	return &filler{t: t, s: s, c: admin, maxmem: maxmem, byTag: map[string][]int{}}
 }
 
 func (f *filler) usedMemory() int64 {
@@ -290,20 +291,25 @@ func (f *filler) invalidatePartlyEvicted(lsn uint64) {
 // TestEviction fills a store far beyond its budget: Redis keeps within
 // maxmemory by evicting values only, the notifications keep the
 // bookkeeping exact, and invalidations still end every surviving version.
+// The server is configured as an operator does (maxmemory, volatile-lru,
+// notify-keyspace-events Exe) and the store runs as the cache-node's user.
 func TestEviction(t *testing.T) {
-	const budget = 4 << 20
-	s := open(t, Options{Client: newClient(t, testenv.Redis(t)), MaxMemory: budget})
-	if s.ev == nil {
-		t.Fatal("MaxMemory did not turn eviction notifications on")
+	const maxmemory = 5 << 20
+	r := startRedis(t, func(c *servers.RedisConfig) { c.MaxMemory = maxmemory })
+	admin := newClient(t, r)
+	s := open(t, Options{Client: nodeClient(t, r)})
+	if srv := s.Server(); !srv.Notifications || srv.MaxMemory != maxmemory || srv.Policy != "volatile-lru" || srv.Configured || len(srv.Warnings) != 0 {
+		t.Fatalf("server settings %+v", srv)
 	}
-	f := newFiller(t, s)
+	budget := maxmemory - s.baseline + evictionMargin(maxmemory-s.baseline)
+	f := newFiller(t, s, admin)
 	f.fill(6000)
 
-	a := s.audit(t)
+	a := s.audit(t, admin)
 	st := a.stats
 	t.Logf("after %d puts of 4 KiB: %+v; used_memory at most %d of maxmemory %d", len(f.put), st, f.maxUsed, f.maxmem)
 	if st.Evictions == 0 || st.Bytes > st.Budget || st.Budget != budget || st.Versions >= int64(len(f.put)) {
-		t.Fatalf("stats %+v", st)
+		t.Fatalf("stats %+v, want the budget %d", st, budget)
 	}
 	t.Logf("audit %+v", a)
 	if a.volatileIndexes != 0 || a.unindexed != 0 {
@@ -329,34 +335,29 @@ func TestEviction(t *testing.T) {
 		t.Errorf("holds after the flush: %v %v", held, err)
 	}
 	mustStats(t, s)
-	if a := s.audit(t); a.deadEntries != 0 || a.deadMembers != 0 || a.members != 0 || a.unindexed != 0 {
+	if a := s.audit(t, admin); a.deadEntries != 0 || a.deadMembers != 0 || a.members != 0 || a.unindexed != 0 {
 		t.Errorf("after the flush: %+v", a)
 	}
 }
 
-// TestLazyCleanup: without notifications (a server the store did not
-// configure), entries and index members of evicted versions dangle until a
-// script meets them, and every script that meets one cleans it.
+// TestLazyCleanup: without notifications (a server whose operator left
+// notify-keyspace-events off), entries and index members of evicted
+// versions dangle until a script meets them, and every script that meets
+// one cleans it.
 func TestLazyCleanup(t *testing.T) {
-	r := testenv.Redis(t)
-	c := newClient(t, r)
-	// The operator's configuration: maxmemory, volatile-lru, no notifications.
-	if err := c.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.ConfigSet(ctx, "maxmemory", strconv.Itoa(8<<20)).Err(); err != nil {
-		t.Fatal(err)
-	}
-	s := open(t, Options{Client: c})
-	if s.ev != nil {
-		t.Fatal("notifications on a server without them")
+	r := startRedis(t, func(c *servers.RedisConfig) { c.MaxMemory, c.NotifyKeyspaceEvents = 8<<20, "" })
+	admin := newClient(t, r)
+	s := open(t, Options{Client: nodeClient(t, r)})
+	if srv := s.Server(); srv.Notifications || len(srv.Warnings) != 1 || !strings.Contains(srv.Warnings[0], "notify-keyspace-events Exe") {
+		t.Fatalf("notifications reported on a server without them: %+v", srv)
 	}
 	if st := mustStats(t, s); st.Budget <= 0 || st.Budget >= 8<<20 {
 		t.Fatalf("budget from the server's maxmemory: %+v", st)
 	}
-	f := newFiller(t, s)
+	c := admin
+	f := newFiller(t, s, admin)
 	f.fill(6000)
-	a := s.audit(t)
+	a := s.audit(t, admin)
 	t.Logf("after %d puts: %+v (Put's sampling bounds the dead members)", len(f.put), a)
 	if a.deadEntries == 0 {
 		t.Fatal("no dangling entries: the test does not exercise the lazy cleanup")
@@ -398,7 +399,7 @@ func TestLazyCleanup(t *testing.T) {
 	if err := s.Settle(ctx, 100_001); err != nil {
 		t.Fatal(err)
 	}
-	a = s.audit(t)
+	a = s.audit(t, admin)
 	st := a.stats
 	t.Logf("after lookups of every key and a flush: %+v", a)
 	if a.deadEntries != 0 || a.members != 0 || a.indexSets != 0 {

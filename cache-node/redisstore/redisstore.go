@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,19 +27,56 @@ const DefaultTTL = 7 * 24 * time.Hour
 type Options struct {
 	// Client is the Redis to use: a *redis.Client (one server, or a
 	// Sentinel-managed primary from redis.NewFailoverClient). The caller
-	// keeps ownership: Close does not close it.
+	// keeps ownership: Close does not close it. The store needs no CONFIG
+	// rights (see "Server settings" in the package documentation for the
+	// ACL rules it needs).
 	Client redis.UniversalClient
 	// Prefix namespaces every key of the store ("larder" by default).
 	Prefix string
-	// MaxMemory, when > 0, is the byte budget: New sets the server's
-	// maxmemory to the baseline (the memory that is not the store's data,
-	// see Stats) plus MaxMemory, with maxmemory-policy volatile-lru, and
-	// turns on the keyspace notifications of evicted and expired keys. 0
-	// leaves the server's configuration alone.
+	// MaxMemory is the byte budget the node was given for the store's
+	// data (0: none). The server's maxmemory, the operator's setting,
+	// enforces the budget: New reads it, and the budget (Stats.Budget) is
+	// maxmemory above the baseline (see "Budget and Stats" in the package
+	// documentation); New warns when that differs from MaxMemory by more
+	// than an eighth, or when the server has no maxmemory. With
+	// ConfigureServer, New sets maxmemory from MaxMemory instead, and the
+	// budget is MaxMemory.
 	MaxMemory int64
+	// ConfigureServer is for a Redis the caller owns (tests): New sets
+	// maxmemory to the baseline plus MaxMemory (which must be > 0), with
+	// maxmemory-policy volatile-lru, and turns on the keyspace
+	// notifications of evicted and expired keys. It needs CONFIG rights;
+	// a cache-node leaves it off and its Redis is configured by the
+	// operator.
+	ConfigureServer bool
 	// TTL of the values (DefaultTTL when 0), refreshed when a version is
 	// put again.
 	TTL time.Duration
+	// Log receives New's warnings about the server's settings (see
+	// ServerSettings); slog.Default() when nil.
+	Log *slog.Logger
+}
+
+// ServerSettings are the server's settings the store relies on, as New
+// found them, and what they cost (see "Server settings" in the package
+// documentation). A setting that would make the store serve stale results
+// is not here: New refuses it with an error.
+type ServerSettings struct {
+	// MaxMemory and Policy are the server's maxmemory (0: none) and
+	// maxmemory-policy when New checked them (INFO memory).
+	MaxMemory int64
+	Policy    string
+	// Notifications reports that keyevent notifications reach the store:
+	// New let a key of its own expire and saw the notification (or turned
+	// them on, with ConfigureServer). Those of evicted keys cannot be seen
+	// without CONFIG GET or an eviction: they come from the same setting
+	// (notify-keyspace-events "Exe") and are taken to be on alike.
+	Notifications bool
+	// Configured reports that New set the settings (ConfigureServer).
+	Configured bool
+	// Warnings describe the settings that cost efficiency, not
+	// correctness, each with what to set instead; New logged them.
+	Warnings []string
 }
 
 // Store is a store.Backend and store.Persistent on Redis.
@@ -51,7 +89,9 @@ type Store struct {
 	baseline int64 // used_memory that is not the store's data, measured by New
 	ev       *events
 	sc       *scripts
-	legacy   bool // store.OrderDependentForTest when made
+	token    string // random, in the scripts' source and the probe key
+	legacy   bool   // store.OrderDependentForTest when made
+	server   ServerSettings
 
 	// lost is set when the server answered NOSCRIPT (it restarted): every
 	// operation fails with store.ErrLost until EndOpen. gen counts the
@@ -84,9 +124,9 @@ func ghostEntries(budget int64) int64 {
 	return min(max(budget/64, minGhosts), maxGhosts)
 }
 
-// New opens the store on opts.Client: it configures the server when asked
-// to (see Options.MaxMemory), loads the scripts and, when the server sends
-// eviction notifications, subscribes to them.
+// New opens the store on opts.Client: it checks the server's settings
+// (configures them with Options.ConfigureServer), loads the scripts and
+// subscribes to the eviction notifications.
 func New(ctx context.Context, opts Options) (*Store, error) {
 	var rdb *redis.Client
 	switch c := opts.Client.(type) {
@@ -97,8 +137,8 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("redisstore: a %T is not supported: the store needs one Redis (a *redis.Client); the cache-nodes' DHT does the sharding", c)
 	}
-	if opts.MaxMemory < 0 {
-		return nil, fmt.Errorf("redisstore: MaxMemory %d", opts.MaxMemory)
+	if opts.MaxMemory < 0 || (opts.ConfigureServer && opts.MaxMemory == 0) {
+		return nil, fmt.Errorf("redisstore: MaxMemory %d (ConfigureServer %v)", opts.MaxMemory, opts.ConfigureServer)
 	}
 	prefix := opts.Prefix
 	if prefix == "" {
@@ -111,38 +151,62 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if ttl < time.Millisecond {
 		return nil, fmt.Errorf("redisstore: TTL %v", ttl)
 	}
+	log := opts.Log
+	if log == nil {
+		log = slog.Default()
+	}
 	s := &Store{rdb: rdb, p: prefix + ":", ttl: ttl, legacy: store.OrderDependentForTest.Load()}
 	var token [12]byte
 	if _, err := rand.Read(token[:]); err != nil {
 		return nil, err
 	}
-	s.sc = newScripts(hex.EncodeToString(token[:]), s.legacy)
+	s.token = hex.EncodeToString(token[:])
+	s.sc = newScripts(s.token, s.legacy)
 
-	var notify string
-	if opts.MaxMemory > 0 {
-		cur, err := configGet(ctx, rdb, "notify-keyspace-events")
-		if err != nil {
+	// Credentials stay out of errors: the address and the user name only.
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		who := ""
+		if u := rdb.Options().Username; u != "" {
+			who = " as user " + u
+		}
+		return nil, fmt.Errorf("redisstore: connect to Redis at %s%s: %w", rdb.Options().Addr, who, err)
+	}
+	mem, err := s.readSettings(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.server = mem
+	if opts.ConfigureServer {
+		if err := s.configureNotifications(ctx); err != nil {
 			return nil, err
 		}
-		if notify = withEvictionEvents(cur); notify != cur {
-			if err := rdb.ConfigSet(ctx, "notify-keyspace-events", notify).Err(); err != nil {
-				return nil, fmt.Errorf("redisstore: turn on eviction notifications: %w", err)
-			}
-		}
+		s.ghosts = ghostEntries(opts.MaxMemory)
 	} else {
-		// A server whose CONFIG is renamed or denied still works, without
-		// notifications.
-		notify, _ = configGet(ctx, rdb, "notify-keyspace-events")
+		if err := checkPolicy(mem.Policy); err != nil {
+			return nil, err
+		}
+		s.ghosts = ghostEntries(mem.MaxMemory)
 	}
-	s.ghosts = ghostEntries(opts.MaxMemory)
 	if err := s.loadScripts(ctx); err != nil {
 		return nil, err
 	}
-	if evicted, expired := eventsOn(notify); evicted || expired {
-		var err error
-		if s.ev, err = startEvents(ctx, s, evicted, expired); err != nil {
-			return nil, err
+	// Without notifications, the lazy cleanup does their work, later.
+	const without = "the entries of evicted and expired values stay until a script meets them, and Stats counts them"
+	if s.ev, err = startEvents(ctx, s); errors.Is(err, errNoChannelRights) {
+		s.warn(err.Error() + "; without them, " + without)
+	} else if err != nil {
+		return nil, err
+	}
+	if s.ev != nil && !opts.ConfigureServer {
+		seen, err := s.ev.probe(ctx, s.p+"probe:"+s.token)
+		switch {
+		case err != nil:
+			s.warn(fmt.Sprintf("could not tell whether keyevent notifications arrive (%v); without them, %s", err, without))
+		case !seen:
+			s.warn("no keyevent notification of an expired key reached the store (notify-keyspace-events lacks E or x): " +
+				without + "; set notify-keyspace-events Exe")
 		}
+		s.server.Notifications = seen
 	}
 	if err := s.warm(ctx); err != nil {
 		s.Close()
@@ -152,21 +216,111 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		s.Close()
 		return nil, err
 	}
-	if opts.MaxMemory > 0 {
+	if opts.ConfigureServer {
 		s.budget = opts.MaxMemory
+		maxmemory := s.baseline + opts.MaxMemory - evictionMargin(opts.MaxMemory)
 		err := rdb.Do(ctx, "CONFIG", "SET",
-			"maxmemory", strconv.FormatInt(s.baseline+opts.MaxMemory-evictionMargin(opts.MaxMemory), 10),
+			"maxmemory", strconv.FormatInt(maxmemory, 10),
 			"maxmemory-policy", "volatile-lru").Err()
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("redisstore: configure maxmemory: %w", err)
 		}
-	} else if m, err := configGet(ctx, rdb, "maxmemory"); err == nil {
-		if n, _ := strconv.ParseInt(m, 10, 64); n > s.baseline {
-			s.budget = n - s.baseline
-		}
+		s.server.MaxMemory, s.server.Policy, s.server.Configured = maxmemory, "volatile-lru", true
+	} else if err := s.checkMemory(opts.MaxMemory); err != nil {
+		s.Close()
+		return nil, err
+	}
+	for _, w := range s.server.Warnings {
+		log.Warn("redisstore: "+w, "addr", rdb.Options().Addr, "prefix", prefix)
 	}
 	return s, nil
+}
+
+// Server returns the server's settings as New found them.
+func (s *Store) Server() ServerSettings {
+	out := s.server
+	out.Warnings = append([]string(nil), s.server.Warnings...)
+	return out
+}
+
+func (s *Store) warn(w string) { s.server.Warnings = append(s.server.Warnings, w) }
+
+// readSettings reads maxmemory and maxmemory-policy from INFO memory,
+// which needs no CONFIG rights.
+func (s *Store) readSettings(ctx context.Context) (ServerSettings, error) {
+	txt, err := s.rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		return ServerSettings{}, fmt.Errorf("redisstore: INFO: %w", err)
+	}
+	fields := infoFields(txt)
+	mm, err := strconv.ParseInt(fields["maxmemory"], 10, 64)
+	if err != nil || fields["maxmemory_policy"] == "" {
+		return ServerSettings{}, errors.New("redisstore: INFO memory has no maxmemory or maxmemory_policy: not a Redis 7")
+	}
+	return ServerSettings{MaxMemory: mm, Policy: fields["maxmemory_policy"]}, nil
+}
+
+// checkPolicy refuses a maxmemory-policy that may evict keys without a TTL
+// (the index sets: a version missing from its sets never gets its end and
+// is served after its data changed).
+func checkPolicy(policy string) error {
+	switch policy {
+	case "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl", "noeviction":
+		return nil
+	}
+	return fmt.Errorf("redisstore: the server's maxmemory-policy is %s: it may evict the store's index sets, "+
+		"and a version missing from its sets is served after its data changed; set maxmemory-policy volatile-lru", policy)
+}
+
+// checkMemory sets the budget from the server's maxmemory, and warns of
+// settings that cost efficiency: no maxmemory, a policy other than
+// volatile-lru, a budget far from the node's (want).
+func (s *Store) checkMemory(want int64) error {
+	mm := s.server.MaxMemory
+	if mm == 0 {
+		w := "the server has no maxmemory: Redis never evicts, and the store grows until its values expire (TTL " + s.ttl.String() + ")"
+		if want > 0 {
+			w += fmt.Sprintf(", whatever its budget of %d bytes", want)
+		}
+		s.warn(w + fmt.Sprintf("; set maxmemory to the budget plus %d bytes the server uses besides the store's data", s.baseline))
+		return nil
+	}
+	if mm <= s.baseline {
+		return fmt.Errorf("redisstore: the server's maxmemory %d leaves no room for the store's data: the server uses %d bytes besides it; "+
+			"set maxmemory to the budget plus that", mm, s.baseline)
+	}
+	s.budget = mm - s.baseline
+	s.budget += evictionMargin(s.budget)
+	if want > 0 && (s.budget < want-want/8 || s.budget > want+want/8) {
+		s.warn(fmt.Sprintf("the server's maxmemory %d leaves the store %d bytes, not its budget of %d: the server's setting applies; "+
+			"set maxmemory to about %d", mm, s.budget, want, s.baseline+want))
+	}
+	switch p := s.server.Policy; p {
+	case "volatile-lru":
+	case "noeviction":
+		s.warn("maxmemory-policy noeviction: once maxmemory is reached every put fails until values expire; set maxmemory-policy volatile-lru")
+	default:
+		s.warn("maxmemory-policy " + p + " evicts values only, as the store needs, but not the least recently used first; set maxmemory-policy volatile-lru")
+	}
+	return nil
+}
+
+// configureNotifications turns on the keyevent notifications of evicted
+// and expired keys (ConfigureServer).
+func (s *Store) configureNotifications(ctx context.Context) error {
+	cur, err := configGet(ctx, s.rdb, "notify-keyspace-events")
+	if err != nil {
+		return err
+	}
+	if notify := withEvictionEvents(cur); notify != cur {
+		if err := s.rdb.ConfigSet(ctx, "notify-keyspace-events", notify).Err(); err != nil {
+			return fmt.Errorf("redisstore: turn on eviction notifications: %w", err)
+		}
+	}
+	evicted, expired := eventsOn(withEvictionEvents(cur))
+	s.server.Notifications = evicted && expired
+	return nil
 }
 
 // loadScripts loads the store's scripts and sets up the ring of evicted
@@ -175,12 +329,12 @@ func (s *Store) loadScripts(ctx context.Context) error {
 	if err := warmScript.Load(ctx, s.rdb).Err(); err != nil {
 		return fmt.Errorf("redisstore: load scripts: %w", err)
 	}
-	for _, sc := range s.sc.all {
+	for _, sc := range append([]*redis.Script{initGhostsScript}, s.sc.all...) {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
 			return fmt.Errorf("redisstore: load scripts: %w", err)
 		}
 	}
-	if err := initGhostsScript.Run(ctx, s.rdb, []string{s.p + "g", s.p + "gi"}, s.ghosts*4).Err(); err != nil {
+	if err := initGhostsScript.EvalSha(ctx, s.rdb, []string{s.p + "g", s.p + "gi"}, s.ghosts*4).Err(); err != nil {
 		return fmt.Errorf("redisstore: %w", err)
 	}
 	return nil
@@ -229,7 +383,7 @@ func (s *Store) markLost() {
 // (which waits for the notification subscriber) once.
 func (s *Store) warm(ctx context.Context) error {
 	scratch := []string{s.p + "warm:h", s.p + "warm:s", s.p + "warm:v"}
-	if err := warmScript.Run(ctx, s.rdb, scratch).Err(); err != nil {
+	if err := warmScript.EvalSha(ctx, s.rdb, scratch).Err(); err != nil {
 		return fmt.Errorf("redisstore: %w", err)
 	}
 	if err := s.rdb.Get(ctx, scratch[2]).Err(); err != nil && !errors.Is(err, redis.Nil) {
@@ -413,6 +567,15 @@ func (s *Store) EndOpen(ctx context.Context, hi uint64) error {
 	if !s.lost.Load() {
 		return s.EndOpen(ctx, hi)
 	}
+	// A server that restarted came back with its configuration file's
+	// settings.
+	mem, err := s.readSettings(ctx)
+	if err != nil {
+		return err
+	}
+	if err := checkPolicy(mem.Policy); err != nil {
+		return err
+	}
 	if err := s.loadScripts(ctx); err != nil {
 		return err
 	}
@@ -491,9 +654,10 @@ func (s *Store) Holds(ctx context.Context, names []string) ([]bool, error) {
 
 // Stats implements store.Backend. Keys and Versions are the store's own
 // counts; Bytes is the server's used_memory above the baseline New
-// measured; Budget is MaxMemory (or the server's own maxmemory above the
-// baseline); Evictions is the server's evicted_keys. With eviction notifications on,
-// Stats first waits until every notification sent before it is applied.
+// measured; Budget is the budget New set (the server's maxmemory above
+// the baseline, or MaxMemory with ConfigureServer: see the package
+// documentation); Evictions is the server's evicted_keys. Stats first
+// waits until every eviction notification sent before it is applied.
 func (s *Store) Stats(ctx context.Context) (store.Stats, error) {
 	if s.ev != nil {
 		if err := s.ev.sync(ctx); err != nil {
@@ -568,13 +732,20 @@ func (s *Store) info(ctx context.Context, sections ...string) (map[string]int64,
 // parseInfo reads the integer fields of an INFO reply.
 func parseInfo(txt string) map[string]int64 {
 	m := map[string]int64{}
-	for line := range strings.SplitSeq(txt, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok {
-			continue
-		}
+	for k, v := range infoFields(txt) {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 			m[k] = n
+		}
+	}
+	return m
+}
+
+// infoFields reads the fields of an INFO reply.
+func infoFields(txt string) map[string]string {
+	m := map[string]string{}
+	for line := range strings.SplitSeq(txt, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(k, "#") {
+			m[k] = v
 		}
 	}
 	return m

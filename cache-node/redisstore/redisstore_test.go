@@ -20,7 +20,10 @@ import (
 
 // env.Redis is shared by the tests that need no server configuration;
 // each of them uses a prefix of its own. Tests that set maxmemory start a
-// server of their own.
+// server of their own. The servers are configured as an operator
+// configures a cache-node's Redis (servers.DefaultRedisConfig): the store
+// runs as the cache-node's ACL user, without CONFIG rights, unless a test
+// has it configure the server (Options.ConfigureServer).
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
@@ -42,6 +45,44 @@ func newClient(tb testing.TB, r *servers.Redis) *redis.Client {
 	return c
 }
 
+// nodeClient connects as the cache-node's user (servers.RedisCacheNodeACL:
+// no CONFIG, only keys under "larder:").
+func nodeClient(tb testing.TB, r *servers.Redis) *redis.Client {
+	tb.Helper()
+	u, err := r.URLFor(servers.RedisCacheNodeUser)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	opt, err := redis.ParseURL(u)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// startRedis starts a server of the test's own, configured as
+// servers.DefaultRedisConfig and then by mod.
+func startRedis(tb testing.TB, mod func(*servers.RedisConfig)) *servers.Redis {
+	tb.Helper()
+	dir, err := testenv.TempDir()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	cfg := servers.DefaultRedisConfig(dir)
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := servers.StartRedis(ctx, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
 func open(tb testing.TB, opts Options) *Store {
 	tb.Helper()
 	s, err := New(ctx, opts)
@@ -52,20 +93,22 @@ func open(tb testing.TB, opts Options) *Store {
 	return s
 }
 
-// sharedStore is an empty store without a budget on the shared server.
+// sharedStore is an empty store without a budget on the shared server,
+// as the cache-node's user.
 func sharedStore(tb testing.TB) *Store {
 	tb.Helper()
-	return open(tb, Options{Client: newClient(tb, env.Redis), Prefix: fmt.Sprintf("test%d", prefixSeq.Add(1))})
+	return open(tb, Options{Client: nodeClient(tb, env.Redis), Prefix: fmt.Sprintf("larder:test%d", prefixSeq.Add(1))})
 }
 
 // TestConformance runs the shared suite. A budgeted store gets a server of
-// its own, since maxmemory is the whole server's.
+// its own, since maxmemory is the whole server's, and sets it: the suite
+// holds the store to the exact budget it asked for.
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, budget int64) store.Backend {
 		if budget >= 1<<30 {
 			return sharedStore(t)
 		}
-		return open(t, Options{Client: newClient(t, testenv.Redis(t)), MaxMemory: budget})
+		return open(t, Options{Client: newClient(t, testenv.Redis(t)), MaxMemory: budget, ConfigureServer: true})
 	})
 }
 
@@ -109,8 +152,7 @@ func TestServerRestartUnderTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = r.Close() }()
-	c := newClient(t, r)
-	s := open(t, Options{Client: c, Prefix: "restart"})
+	s := open(t, Options{Client: nodeClient(t, r)})
 	d := store.Dep{Tag: "public.a(id)=1", Table: "public.a", Reads: []string{"x"}}
 	mustPut(t, s, "k", store.Version{Lo: 10, Hi: store.Open, Snapshot: 10, Deps: []store.Dep{d}, Value: []byte("v")})
 	mustPut(t, s, "c", store.Version{Lo: 10, Hi: 90, Snapshot: 10, Deps: []store.Dep{d}, Value: []byte("c")})
@@ -238,6 +280,7 @@ func TestOptions(t *testing.T) {
 		{},
 		{Client: redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{env.Redis.Addr()}})},
 		{Client: c, MaxMemory: -1},
+		{Client: c, ConfigureServer: true},
 		{Client: c, TTL: time.Microsecond},
 	} {
 		if s, err := New(ctx, o); err == nil {

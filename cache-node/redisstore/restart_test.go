@@ -99,8 +99,8 @@ func checkAfterRestart(t *testing.T, s *Store) {
 // TestRestart: a new Store on the same Redis and prefix finds the
 // versions and the watermark the previous one left.
 func TestRestart(t *testing.T) {
-	prefix := fmt.Sprintf("restart%d", prefixSeq.Add(1))
-	c1 := newClient(t, env.Redis)
+	prefix := fmt.Sprintf("larder:restart%d", prefixSeq.Add(1))
+	c1 := nodeClient(t, env.Redis)
 	s1 := open(t, Options{Client: c1, Prefix: prefix})
 	base1 := s1.baseline
 	putRestartVersions(t, s1)
@@ -109,7 +109,7 @@ func TestRestart(t *testing.T) {
 	}
 	_ = c1.Close() // the node's process ends: its connections and their buffers go
 
-	s2 := open(t, Options{Client: newClient(t, env.Redis), Prefix: prefix})
+	s2 := open(t, Options{Client: nodeClient(t, env.Redis), Prefix: prefix})
 	// The 2 MB already there is the store's data, not the server's.
 	t.Logf("baseline %d before, %d after the restart", base1, s2.baseline)
 	if d := s2.baseline - base1; d > 256<<10 || d < -256<<10 {
@@ -117,14 +117,14 @@ func TestRestart(t *testing.T) {
 	}
 	checkAfterRestart(t, s2)
 
-	other := open(t, Options{Client: newClient(t, env.Redis), Prefix: prefix + "-other"})
+	other := open(t, Options{Client: nodeClient(t, env.Redis), Prefix: prefix + "-other"})
 	if _, ok, err := other.SavedWatermark(ctx); ok || err != nil {
 		t.Errorf("a prefix that saved nothing: %v %v", ok, err)
 	}
 }
 
 // TestServerRestart: the redis-server itself restarts, with its
-// append-only file; New configures it again.
+// append-only file; New (ConfigureServer) configures it again.
 func TestServerRestart(t *testing.T) {
 	dir, err := testenv.TempDir()
 	if err != nil {
@@ -139,7 +139,7 @@ func TestServerRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = r1.Close() })
 	const budget = 64 << 20
-	s1 := open(t, Options{Client: newClient(t, r1), MaxMemory: budget})
+	s1 := open(t, Options{Client: newClient(t, r1), MaxMemory: budget, ConfigureServer: true})
 	putRestartVersions(t, s1)
 	if err := s1.Close(); err != nil {
 		t.Fatal(err)
@@ -158,9 +158,9 @@ func TestServerRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = r2.Close() })
 	c2 := newClient(t, r2)
-	s2 := open(t, Options{Client: c2, MaxMemory: budget})
-	if s2.ev == nil {
-		t.Error("eviction notifications not turned on again")
+	s2 := open(t, Options{Client: c2, MaxMemory: budget, ConfigureServer: true})
+	if srv := s2.Server(); !srv.Notifications || !srv.Configured {
+		t.Errorf("eviction notifications not turned on again: %+v", srv)
 	}
 	if mm := c2.ConfigGet(ctx, "maxmemory-policy").Val()["maxmemory-policy"]; mm != "volatile-lru" {
 		t.Errorf("maxmemory-policy %q", mm)
