@@ -49,19 +49,26 @@ history: deps
 	LARDER_HISTORY_SECONDS=$(HISTORY_SECONDS) $(GO) test -count=1 -timeout 60m -run 'TestSnapshotConsistency|TestHistoryUnderFaults/.*/broken=false' -v ./client-lib
 
 # RUBiS side by side (direct, larder, larder-nocons, local-only) at rising
-# client counts on a stack of its own; the report goes to bench/rubis/results.
-# BENCH_ARGS passes flags to rubis-bench (see its -help).
+# client counts on a stack of its own, the modes taking turns in 3 repeats
+# (the report gives the median and the spread); the report goes to
+# bench/rubis/results. BENCH_ARGS passes flags to rubis-bench (see its
+# -help; a later --repeats wins).
 BENCH_ARGS ?=
 bench-rubis: deps
-	bash bench/rubis/bench.sh $(BENCH_ARGS)
+	bash bench/rubis/bench.sh --repeats 3 $(BENCH_ARGS)
 
 # The main job: the local stack and one round trip through the cache, then a
-# short RUBiS comparison of plain PostgreSQL and Larder (about a minute).
+# short RUBiS comparison of plain PostgreSQL and Larder in both mixes
+# (browsing, then bidding; a 5 s warm-up and 10 s measured per mode and mix,
+# a stack start per mix: about two minutes).
 demo: deps
 	$(GO) run ./deploy/local demo
 	@echo
-	@echo "RUBiS, direct vs larder (a short run at demo scale; make bench-rubis for the full report):"
-	bash bench/rubis/bench.sh --modes direct,larder --vus 8 --duration 20s --scale 0.05 --out bench/rubis/results/demo
+	@echo "RUBiS, direct vs larder, browsing mix (a short run at demo scale; make bench-rubis for the full report):"
+	bash bench/rubis/bench.sh --modes direct,larder --vus 8 --duration 10s --warmup 5s --scale 0.05 --mix browsing --out bench/rubis/results/demo
+	@echo
+	@echo "RUBiS, direct vs larder, bidding mix (writes: bids, comments, buy-nows, registrations):"
+	bash bench/rubis/bench.sh --modes direct,larder --vus 8 --duration 10s --warmup 5s --scale 0.05 --mix bidding --out bench/rubis/results/bidding-demo
 
 # The local stack, kept running until Ctrl-C.
 up: deps

@@ -3,7 +3,8 @@
 # ports beside the development stack's): loads the data and writes RUBiS's
 # QUMA file, restarts the stack so that the invalidator starts on the RUBiS
 # tables and publishes their tag column sets, runs rubis-bench, then stops
-# the stack. Arguments go to rubis-bench.
+# the stack. Arguments go to rubis-bench (--repeats, --mode-url, …: see
+# bench/rubis/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # The stack's folder and ports (beside the development stack's by default)
@@ -41,4 +42,5 @@ stop_stack
 # The invalidator publishes the application's tag column sets (the QUMA
 # file rubis-bench wrote from the live schema and RUBiS's templates).
 start_stack -quma "$dir/quma.json"
-"$dir/bin/rubis-bench" --env "$dir/stack.env" --skip-load "$@"
+# --stack-pid: the report counts the CPU of this stack's processes only.
+"$dir/bin/rubis-bench" --env "$dir/stack.env" --skip-load --stack-pid "$stack" "$@"

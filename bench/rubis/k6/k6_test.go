@@ -2,6 +2,7 @@ package k6
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -74,4 +75,59 @@ func TestScriptReproducesTheBiddingMix(t *testing.T) {
 	}
 	t.Logf("%d requests; writing pages %.1f%%; ViewItem %.1f%%, SearchItemsInCategory %.1f%%, StoreBid %.1f%%", total, 100*float64(writes)/float64(total),
 		100*float64(count["ViewItem"])/float64(total), 100*float64(count["SearchItemsInCategory"])/float64(total), 100*float64(count["StoreBid"])/float64(total))
+}
+
+// RUBiS's own answers — an item or user not found (404), a nickname taken
+// or an item sold out (409) — are not failed requests; a server error is.
+func TestNotFoundAndConflictAreNotFailures(t *testing.T) {
+	k6 := k6Binary(t)
+	var mu sync.Mutex
+	served := map[int]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		status := http.StatusOK
+		switch strings.TrimPrefix(r.URL.Path, "/") {
+		case "ViewItem", "ViewUserInfo":
+			status = http.StatusNotFound
+		case "StoreBid", "RegisterUser":
+			status = http.StatusConflict
+		case "AboutMe":
+			status = http.StatusInternalServerError
+		}
+		mu.Lock()
+		served[status]++
+		mu.Unlock()
+		w.WriteHeader(status)
+	}))
+	defer srv.Close()
+	summary := filepath.Join(t.TempDir(), "summary.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, k6, "run", "--quiet", "--no-usage-report", "--summary-export", summary,
+		"-e", "BASE_URL="+srv.URL, "-e", "MIX=bidding", "-e", "THINK=0", "-e", "VUS=2", "-e", "DURATION=3s", "rubis.js")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("k6: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(summary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		Metrics struct {
+			Failed struct {
+				Passes, Fails int
+			} `json:"http_req_failed"`
+		} `json:"metrics"`
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if served[http.StatusNotFound] == 0 || served[http.StatusConflict] == 0 || served[http.StatusInternalServerError] == 0 {
+		t.Fatalf("served %v: every kind of answer is needed", served)
+	}
+	// http_req_failed's passes are the failed requests.
+	if s.Metrics.Failed.Passes != served[http.StatusInternalServerError] {
+		t.Errorf("%d failed requests, want the %d server errors only (served %v)", s.Metrics.Failed.Passes, served[http.StatusInternalServerError], served)
+	}
 }

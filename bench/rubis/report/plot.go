@@ -12,20 +12,21 @@ import (
 )
 
 // Plot writes throughput.png (requests/s against clients, a line per
-// mode) and latency.png (worst interaction p90 against clients) into dir.
+// mode) and latency.png (worst interaction p90 against clients) into dir:
+// the medians over the repeats.
 func (r *Report) Plot(dir string) error {
 	for _, p := range []struct {
 		file, title, y string
-		value          func(Run) float64
+		value          func(Spread) float64
 	}{
-		{"throughput.png", "RUBiS " + r.Mix + ": throughput", "requests/s", func(x Run) float64 { return x.Rate }},
-		{"latency.png", "RUBiS " + r.Mix + ": worst interaction p90", "ms", func(x Run) float64 { return x.WorstP90 }},
+		{"throughput.png", "RUBiS " + r.Mix + ": throughput", "requests/s", func(x Spread) float64 { return x.Median }},
+		{"latency.png", "RUBiS " + r.Mix + ": worst interaction p90", "ms", func(x Spread) float64 { return x.WorstP90 }},
 	} {
 		pl := plot.New()
 		pl.Title.Text, pl.X.Label.Text, pl.Y.Label.Text = p.title, "clients (k6 VUs)", p.y
 		byMode := map[string]plotter.XYs{}
 		var modes []string
-		for _, x := range r.Runs {
+		for _, x := range Spreads(r.Runs) {
 			if _, ok := byMode[x.Mode]; !ok {
 				modes = append(modes, x.Mode)
 			}

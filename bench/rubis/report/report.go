@@ -13,10 +13,12 @@ import (
 	"time"
 )
 
-// Run is one k6 run: a mode at a number of virtual users.
+// Run is one k6 run: a mode at a number of virtual users, in one repeat.
 type Run struct {
-	Mode     string             `json:"mode"`
-	VUs      int                `json:"vus"`
+	Mode string `json:"mode"`
+	VUs  int    `json:"vus"`
+	// Repeat counts from 1; the modes take turns in each repeat.
+	Repeat   int                `json:"repeat,omitempty"`
 	Rate     float64            `json:"requests_per_second"`
 	Requests int64              `json:"requests"`
 	Failed   float64            `json:"failed_share"`
@@ -77,29 +79,142 @@ func ParseSummary(r io.Reader, mode string, vus int) (Run, error) {
 	return run, nil
 }
 
-// Peak is a mode's best throughput with every interaction's p90 under the bound.
-type Peak struct {
-	Mode string  `json:"mode"`
-	VUs  int     `json:"vus"`
-	Rate float64 `json:"requests_per_second"`
+// Spread is a mode's throughput at one client count over the repeats.
+type Spread struct {
+	Mode    string `json:"mode"`
+	VUs     int    `json:"vus"`
+	Repeats int    `json:"repeats"`
+	// Requests/s: the median, the lowest and the highest.
+	Median float64 `json:"requests_per_second_median"`
+	Min    float64 `json:"requests_per_second_min"`
+	Max    float64 `json:"requests_per_second_max"`
+	// The ratio to direct's requests/s in the same repeat at the same
+	// client count: the median, the lowest and the highest (0: no direct
+	// run to compare with).
+	Ratio    float64 `json:"vs_direct_median,omitempty"`
+	RatioMin float64 `json:"vs_direct_min,omitempty"`
+	RatioMax float64 `json:"vs_direct_max,omitempty"`
+	// WorstP90 is the median of the repeats' worst interaction p90;
+	// Failed the highest failed share.
+	WorstP90 float64 `json:"worst_p90_ms_median"`
+	Failed   float64 `json:"failed_share_max"`
 }
 
-// Peaks finds each mode's peak.
+// Spreads gathers the runs by mode and client count, in the order they
+// first ran.
+func Spreads(runs []Run) []Spread {
+	type key struct {
+		mode string
+		vus  int
+	}
+	direct := map[[2]int]float64{} // by repeat and VUs
+	for _, r := range runs {
+		if r.Mode == "direct" {
+			direct[[2]int{r.Repeat, r.VUs}] = r.Rate
+		}
+	}
+	var order []key
+	group := map[key][]Run{}
+	for _, r := range runs {
+		k := key{r.Mode, r.VUs}
+		if _, seen := group[k]; !seen {
+			order = append(order, k)
+		}
+		group[k] = append(group[k], r)
+	}
+	out := make([]Spread, 0, len(order))
+	for _, k := range order {
+		var rates, ratios, p90s []float64
+		sp := Spread{Mode: k.mode, VUs: k.vus, Repeats: len(group[k])}
+		for _, r := range group[k] {
+			rates, p90s = append(rates, r.Rate), append(p90s, r.WorstP90)
+			if d := direct[[2]int{r.Repeat, r.VUs}]; d > 0 {
+				ratios = append(ratios, r.Rate/d)
+			}
+			sp.Failed = max(sp.Failed, r.Failed)
+		}
+		sp.Median, sp.Min, sp.Max = spread(rates)
+		sp.WorstP90, _, _ = spread(p90s)
+		if len(ratios) == len(rates) {
+			sp.Ratio, sp.RatioMin, sp.RatioMax = spread(ratios)
+		}
+		out = append(out, sp)
+	}
+	return out
+}
+
+// spread is the median, lowest and highest of vs (the mean of the middle
+// two for an even count).
+func spread(vs []float64) (median, lo, hi float64) {
+	if len(vs) == 0 {
+		return 0, 0, 0
+	}
+	s := append([]float64(nil), vs...)
+	sort.Float64s(s)
+	n := len(s)
+	median = s[n/2]
+	if n%2 == 0 {
+		median = (s[n/2-1] + s[n/2]) / 2
+	}
+	return median, s[0], s[n-1]
+}
+
+// Peak is a mode's best throughput with every interaction's p90 under the
+// bound: the client count with the highest median requests/s.
+type Peak struct {
+	Mode    string  `json:"mode"`
+	VUs     int     `json:"vus"`
+	Rate    float64 `json:"requests_per_second"`
+	Repeats int     `json:"repeats,omitempty"`
+	// The lowest and highest requests/s over the repeats at that count.
+	Min float64 `json:"requests_per_second_min,omitempty"`
+	Max float64 `json:"requests_per_second_max,omitempty"`
+	// The ratio to direct's peak in each repeat (each at its own peak's
+	// client count): the median, the lowest and the highest (0: no
+	// direct peak to compare with).
+	Ratio    float64 `json:"vs_direct_median,omitempty"`
+	RatioMin float64 `json:"vs_direct_min,omitempty"`
+	RatioMax float64 `json:"vs_direct_max,omitempty"`
+}
+
+// Peaks finds each mode's peak: among its client counts whose median
+// worst p90 is under the bound and with no failed request in any repeat,
+// the one with the highest median requests/s.
 func Peaks(runs []Run, bound time.Duration) []Peak {
 	best := map[string]Peak{}
 	var modes []string
-	for _, r := range runs {
-		if _, seen := best[r.Mode]; !seen {
-			modes = append(modes, r.Mode)
-			best[r.Mode] = Peak{Mode: r.Mode}
+	for _, sp := range Spreads(runs) {
+		if _, seen := best[sp.Mode]; !seen {
+			modes = append(modes, sp.Mode)
+			best[sp.Mode] = Peak{Mode: sp.Mode}
 		}
-		if r.WorstP90 <= float64(bound.Milliseconds()) && r.Failed == 0 && r.Rate > best[r.Mode].Rate {
-			best[r.Mode] = Peak{Mode: r.Mode, VUs: r.VUs, Rate: r.Rate}
+		if sp.WorstP90 <= float64(bound.Milliseconds()) && sp.Failed == 0 && sp.Median > best[sp.Mode].Rate {
+			best[sp.Mode] = Peak{Mode: sp.Mode, VUs: sp.VUs, Rate: sp.Median, Repeats: sp.Repeats, Min: sp.Min, Max: sp.Max}
+		}
+	}
+	// Each repeat's rate at each mode's peak client count.
+	at := map[string]map[int]float64{} // mode → repeat → requests/s
+	for _, r := range runs {
+		if p := best[r.Mode]; p.VUs == r.VUs && p.VUs > 0 {
+			if at[r.Mode] == nil {
+				at[r.Mode] = map[int]float64{}
+			}
+			at[r.Mode][r.Repeat] = r.Rate
 		}
 	}
 	out := make([]Peak, 0, len(modes))
 	for _, m := range modes {
-		out = append(out, best[m])
+		p := best[m]
+		var ratios []float64
+		for rep, rate := range at[m] {
+			if d := at["direct"][rep]; d > 0 {
+				ratios = append(ratios, rate/d)
+			}
+		}
+		if len(ratios) > 0 && len(ratios) == len(at[m]) {
+			p.Ratio, p.RatioMin, p.RatioMax = spread(ratios)
+		}
+		out = append(out, p)
 	}
 	return out
 }
@@ -118,24 +233,42 @@ type Report struct {
 func (r *Report) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# RUBiS, %s mix, %s\n\n%s\n\n", r.Mix, r.Scale, r.Machine)
-	fmt.Fprintf(&b, "Peak throughput with every interaction's p90 under %s:\n\n| mode | peak requests/s | at VUs | vs direct |\n|---|---|---|---|\n", r.Bound)
-	var direct float64
-	for _, p := range r.Peaks {
-		if p.Mode == "direct" {
-			direct = p.Rate
-		}
+	repeats := 1
+	for _, x := range r.Runs {
+		repeats = max(repeats, x.Repeat)
 	}
-	for _, p := range r.Peaks {
-		ratio := "—"
-		if direct > 0 {
-			ratio = fmt.Sprintf("%.2f×", p.Rate/direct)
+	// The spreads show with more than one repeat.
+	span := func(n int, format string, lo, hi float64) string {
+		if n < 2 || lo == 0 && hi == 0 {
+			return "—"
 		}
-		fmt.Fprintf(&b, "| %s | %.0f | %d | %s |\n", p.Mode, p.Rate, p.VUs, ratio)
+		return fmt.Sprintf(format+"–"+format, lo, hi)
 	}
-	fmt.Fprintf(&b, "\nEvery run (node misses: compulsory / staleness / capacity / consistency; CPU in cores used: PostgreSQL / application / invalidator+cache-node / NATS / k6):\n\n| mode | VUs | requests/s | failed | worst p90 (ms) | interaction | hit rate | node misses | CPU |\n|---|---|---|---|---|---|---|---|---|\n")
-	runs := append([]Run(nil), r.Runs...)
-	sort.SliceStable(runs, func(i, j int) bool { return runs[i].Mode < runs[j].Mode })
-	for _, x := range runs {
+	ratio := func(x float64) string {
+		if x == 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f×", x)
+	}
+	of := "one run each"
+	if repeats > 1 {
+		of = fmt.Sprintf("the median of %d repeats, with the lowest and highest", repeats)
+	}
+	fmt.Fprintf(&b, "Peak throughput with every interaction's p90 under %s (%s; vs direct: the ratio to direct's peak in the same repeat):\n\n"+
+		"| mode | peak requests/s | min–max | at VUs | vs direct | min–max |\n|---|---|---|---|---|---|\n", r.Bound, of)
+	for _, p := range r.Peaks {
+		fmt.Fprintf(&b, "| %s | %.0f | %s | %d | %s | %s |\n", p.Mode, p.Rate, span(p.Repeats, "%.0f", p.Min, p.Max), p.VUs, ratio(p.Ratio), span(p.Repeats, "%.2f", p.RatioMin, p.RatioMax))
+	}
+	fmt.Fprintf(&b, "\nEach mode at each client count over the repeats (vs direct: the ratio to direct's requests/s in the same repeat at the same count):\n\n"+
+		"| mode | VUs | repeats | requests/s (median) | min–max | vs direct (median) | min–max | worst p90 (ms, median) |\n|---|---|---|---|---|---|---|---|\n")
+	for _, sp := range Spreads(r.Runs) {
+		fmt.Fprintf(&b, "| %s | %d | %d | %.0f | %s | %s | %s | %.1f |\n", sp.Mode, sp.VUs, sp.Repeats, sp.Median, span(sp.Repeats, "%.0f", sp.Min, sp.Max),
+			ratio(sp.Ratio), span(sp.Repeats, "%.2f", sp.RatioMin, sp.RatioMax), sp.WorstP90)
+	}
+	fmt.Fprintf(&b, "\nEvery run, in the order they ran (node misses: compulsory / staleness / capacity / consistency; "+
+		"CPU in cores used by this benchmark's own processes: PostgreSQL / application / invalidator+cache-node / NATS / k6):\n\n"+
+		"| repeat | mode | VUs | requests/s | failed | worst p90 (ms) | interaction | hit rate | node misses | CPU |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, x := range r.Runs {
 		hit, misses := "—", "—"
 		if len(x.Reads) > 0 {
 			hit = fmt.Sprintf("%.0f%%", 100*x.HitRate())
@@ -145,7 +278,7 @@ func (r *Report) Markdown() string {
 		if len(x.CPU) > 0 {
 			cpu = fmt.Sprintf("%.2f / %.2f / %.2f / %.2f / %.2f", x.CPU["postgres"], x.CPU["app"], x.CPU["larder"], x.CPU["nats"], x.CPU["k6"])
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f%% | %.1f | %s | %s | %s | %s |\n", x.Mode, x.VUs, x.Rate, 100*x.Failed, x.WorstP90, x.Worst, hit, misses, cpu)
+		fmt.Fprintf(&b, "| %d | %s | %d | %.0f | %.2f%% | %.1f | %s | %s | %s | %s |\n", max(x.Repeat, 1), x.Mode, x.VUs, x.Rate, 100*x.Failed, x.WorstP90, x.Worst, hit, misses, cpu)
 	}
 	return b.String()
 }

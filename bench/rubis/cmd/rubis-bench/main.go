@@ -4,12 +4,21 @@
 //	go run ./deploy/local up &        # the stack
 //	go run ./bench/rubis/cmd/rubis-bench --env .larder-local/stack.env --out bench/rubis/results
 //
-// It loads the data, serves the application once per mode in this process,
-// runs k6 (bench/rubis/k6/rubis.js) for each mode and client count, finds
-// each mode's peak throughput with every interaction's p90 under the bound,
-// and writes report.json and report.md. With --pin-postgres, PostgreSQL
-// (the postmaster and every backend) is pinned to one core so that, as in
-// the papers, the database is the bottleneck.
+// It loads the data, serves the application in this process, and runs k6
+// (bench/rubis/k6/rubis.js) for each mode and client count: each mode
+// gets an unmeasured warm-up, then its measured runs; the modes take turns
+// (direct, larder, direct, larder, …) for --repeats rounds. It finds each
+// mode's peak throughput with every interaction's p90 under the bound,
+// gives the median and spread over the repeats, and writes report.json and
+// report.md. With --pin-postgres, PostgreSQL (the postmaster and every
+// backend) is pinned to one core so that, as in the papers, the database
+// is the bottleneck. CPU is counted for the benchmark's own processes
+// only: the stack's PostgreSQL (from its postmaster.pid) and NATS, the
+// stack's process (--stack-pid), this process and k6.
+//
+// --mode-url name=postgres://… adds a mode that runs the application
+// directly, like direct, on another PostgreSQL (another version, another
+// machine, a pooler); --mode-url direct=postgres://… moves the baseline.
 package main
 
 import (
@@ -26,6 +35,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -48,12 +59,57 @@ func main() {
 	}
 }
 
+// larderModes are the modes through Larder.
+var larderModes = []string{"larder", "larder-client-ryw", "larder-nocons", "local-only"}
+
+// modeURLs are the --mode-url modes: name → PostgreSQL URL.
+type modeURLs map[string]string
+
+func (m modeURLs) String() string { return "" }
+
+func (m modeURLs) Set(v string) error {
+	name, u, ok := strings.Cut(v, "=")
+	if !ok || name == "" || strings.ContainsAny(name, ", ") {
+		return fmt.Errorf("want name=postgres://…, got %q", v)
+	}
+	if slices.Contains(larderModes, name) {
+		return fmt.Errorf("%s is a Larder mode; name the other PostgreSQL's mode otherwise", name)
+	}
+	if _, err := url.Parse(u); err != nil || !strings.HasPrefix(u, "postgres") {
+		return fmt.Errorf("mode %s: want a postgres:// URL", name)
+	}
+	m[name] = u
+	return nil
+}
+
+// variant is a mode at a staleness limit.
+type variant struct {
+	mode, label string
+	staleness   time.Duration
+}
+
+// bench is what every run shares.
+type bench struct {
+	env      map[string]string
+	urls     modeURLs
+	vus      []int
+	duration time.Duration
+	warmup   time.Duration
+	mix      string
+	think    float64
+	size     datagen.Size
+	meter    cpuMeter
+}
+
 func run() error {
 	envFile := flag.String("env", ".larder-local/stack.env", "the local stack's env file (LARDER_PG_URL, LARDER_DSN)")
 	modes := flag.String("modes", "direct,larder,larder-nocons,local-only", "modes, comma-separated (also larder-client-ryw: larder without per-user sessions)")
+	urls := modeURLs{}
+	flag.Var(urls, "mode-url", "name=postgres://…: a mode that runs the application directly, like direct, on another PostgreSQL (added to --modes; repeatable; direct=… moves the baseline)")
 	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
 	duration := flag.Duration("duration", 30*time.Second, "measured time per run")
-	warmup := flag.Duration("warmup", 10*time.Second, "unmeasured run before each mode's measured runs (0: none)")
+	warmup := flag.Duration("warmup", 10*time.Second, "unmeasured run before each mode's measured runs, in every repeat (0: none)")
+	repeats := flag.Int("repeats", 1, "rounds: in each, every mode runs in turn (direct, larder, direct, larder, …)")
 	mix := flag.String("mix", "browsing", "bidding or browsing")
 	think := flag.Float64("think", 0, "think-time factor (0: peak runs)")
 	preset := flag.String("preset", "txcache-memory", "data preset")
@@ -61,6 +117,7 @@ func run() error {
 	bound := flag.Duration("p90", time.Second, "latency bound for the peak: every interaction's p90 under it")
 	stalenessList := flag.String("staleness", "30s", "staleness limits of read-only pages, comma-separated (a sweep runs each cached mode at each)")
 	pin := flag.Int("pin-postgres", 0, "pin PostgreSQL to this core (-1: no pinning)")
+	stackPID := flag.Int("stack-pid", 0, "the local stack's process, whose CPU (the invalidator and the cache-node) the report counts (0: the parent of the stack's PostgreSQL)")
 	out := flag.String("out", "bench/rubis/results", "output folder")
 	skipLoad := flag.Bool("skip-load", false, "reuse the data already loaded")
 	loadOnly := flag.Bool("load-only", false, "load the data and stop")
@@ -70,6 +127,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	if *repeats < 1 {
+		return fmt.Errorf("--repeats: %d", *repeats)
+	}
 	ctx := context.Background()
 	size := map[string]datagen.Size{"original": datagen.Original, "txcache-memory": datagen.TxCacheInMemory}[*preset]
 	if size.Users == 0 {
@@ -77,14 +137,23 @@ func run() error {
 	}
 	size = size.Scaled(*scale)
 	if !*skipLoad {
-		conn, err := pgx.Connect(ctx, env["LARDER_PG_URL"])
-		if err != nil {
-			return err
+		// The stack's PostgreSQL, and the same data on every other one.
+		targets := []string{env["LARDER_PG_URL"]}
+		for _, u := range sortedValues(urls) {
+			if u != env["LARDER_PG_URL"] {
+				targets = append(targets, u)
+			}
 		}
-		_, err = datagen.Load(ctx, conn, datagen.Config{Size: size, Seed: 1, Progress: os.Stdout})
-		conn.Close(ctx)
-		if err != nil {
-			return err
+		for _, target := range targets {
+			conn, err := pgx.Connect(ctx, target)
+			if err != nil {
+				return err
+			}
+			_, err = datagen.Load(ctx, conn, datagen.Config{Size: size, Seed: 1, Progress: os.Stdout})
+			conn.Close(ctx)
+			if err != nil {
+				return err
+			}
 		}
 	}
 	// The application's QUMA file: the live schema and the specification's
@@ -99,9 +168,27 @@ func run() error {
 		return nil
 	}
 	env["LARDER_QUMA"] = qumaFile
+	b := &bench{env: env, urls: urls, duration: *duration, warmup: *warmup, mix: *mix, think: *think, size: size,
+		meter: cpuMeter{procDir: "/proc", self: os.Getpid(), stack: *stackPID}}
+	for _, v := range strings.Split(*vusList, ",") {
+		vus, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || vus < 1 {
+			return fmt.Errorf("--vus: %q", v)
+		}
+		b.vus = append(b.vus, vus)
+	}
+	postmaster, err := postmasterPID(ctx, env["LARDER_PG_URL"])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rubis-bench: PostgreSQL's CPU is not counted:", err)
+	} else {
+		b.meter.postmaster = postmaster
+		if b.meter.stack == 0 {
+			b.meter.stack = readProcs("/proc")[postmaster].ppid
+		}
+	}
 	pinned := "PostgreSQL not pinned"
 	if *pin >= 0 {
-		if err := pinPostgres(ctx, env["LARDER_PG_URL"], *pin); err != nil {
+		if err := pinPostgres(ctx, env["LARDER_PG_URL"], postmaster, *pin); err != nil {
 			return err
 		}
 		pinned = fmt.Sprintf("PostgreSQL pinned to core %d", *pin)
@@ -115,83 +202,42 @@ func run() error {
 		}
 		stalenesses = append(stalenesses, d)
 	}
-	rep := &report.Report{Mix: *mix, Scale: fmt.Sprintf("%s × %g (%d users, %d active items, %d old items)", *preset, *scale, size.Users, size.ActiveItems, size.OldItems),
-		Bound: *bound, Machine: fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup)}
-	type variant struct {
-		mode, label string
-		staleness   time.Duration
+	modeList := strings.Split(*modes, ",")
+	for _, name := range sortedKeys(urls) {
+		if !slices.Contains(modeList, name) {
+			modeList = append(modeList, name)
+		}
 	}
+	machine := fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode; "+
+		"%d repeat(s), the modes in turn", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats)
 	var variants []variant
-	for _, mode := range strings.Split(*modes, ",") {
+	for _, mode := range modeList {
+		if u, ok := urls[mode]; ok {
+			machine += fmt.Sprintf("; mode %s on the PostgreSQL at %s (not pinned; its CPU not counted)", mode, hostOf(u))
+		}
 		for _, st := range stalenesses {
 			label := mode
-			if len(stalenesses) > 1 && mode != "direct" {
+			if len(stalenesses) > 1 && !b.direct(mode) {
 				label = fmt.Sprintf("%s@%s", mode, st)
 			}
 			variants = append(variants, variant{mode, label, st})
-			if mode == "direct" {
+			if b.direct(mode) {
 				break // staleness does not apply
 			}
 		}
 	}
-	for _, vr := range variants {
-		mode, staleness := vr.mode, &vr.staleness
-		db, err := openMode(mode, vr.label, env)
-		if err != nil {
-			return err
-		}
-		// Keep connections open in every mode: database/sql keeps only two
-		// idle ones by default, and reconnecting on every request would
-		// measure PostgreSQL's fork, not the modes.
-		db.SetMaxOpenConns(64)
-		db.SetMaxIdleConns(64)
-		// Users carry their read-your-writes session in a cookie, except
-		// in larder-client-ryw, where every write holds back every user's
-		// reads (the client's own session).
-		base, stop, err := serve(db, *staleness, mode != "larder-client-ryw")
-		if err != nil {
-			return err
-		}
-		if *warmup > 0 {
-			// Unmeasured: every mode starts its measured runs warm (the
-			// node and L1s for the cached ones, PostgreSQL's buffers for
-			// all), not only the modes that happen to run later.
-			vus, _ := strconv.Atoi(strings.Split(*vusList, ",")[0])
-			if _, _, err := k6(ctx, base, vr.label, max(vus, 1), *warmup, *mix, *think, size); err != nil {
-				stop()
-				return fmt.Errorf("warm-up: %w", err)
-			}
-		}
-		for _, v := range strings.Split(*vusList, ",") {
-			vus, err := strconv.Atoi(v)
-			if err != nil || vus < 1 {
-				return fmt.Errorf("--vus: %q", v)
-			}
-			cpu0 := cpuByGroup()
-			reads0 := readsOf(mode, vr.label, env)
-			start := time.Now()
-			r, k6CPU, err := k6(ctx, base, vr.label, vus, *duration, *mix, *think, size)
+	rep := &report.Report{Mix: *mix, Scale: fmt.Sprintf("%s × %g (%d users, %d active items, %d old items)", *preset, *scale, size.Users, size.ActiveItems, size.OldItems),
+		Bound: *bound, Machine: machine}
+	// The modes take turns, so that a drift of the machine (another
+	// job, the data growing in the bidding mix) falls on all of them.
+	for round := 1; round <= *repeats; round++ {
+		for _, vr := range variants {
+			runs, err := b.measure(ctx, vr, round, *repeats)
 			if err != nil {
-				stop()
 				return err
 			}
-			wall := time.Since(start).Seconds()
-			cpu1 := cpuByGroup()
-			r.CPU = map[string]float64{"k6": k6CPU.Seconds() / wall}
-			for g, v := range cpu1 {
-				r.CPU[g] = (v - cpu0[g]) / wall
-			}
-			if reads1 := readsOf(mode, vr.label, env); reads1 != nil {
-				r.Reads = map[string]int64{}
-				for k, v := range reads1 {
-					r.Reads[k] = v - reads0[k]
-				}
-			}
-			fmt.Printf("%-20s %3d VUs: %7.0f requests/s, worst p90 %7.1f ms (%s)\n", vr.label, vus, r.Rate, r.WorstP90, r.Worst)
-			rep.Runs = append(rep.Runs, r)
+			rep.Runs = append(rep.Runs, runs...)
 		}
-		stop()
-		db.Close()
 	}
 	rep.Peaks = report.Peaks(rep.Runs, *bound)
 	if err := rep.Write(*out); err != nil {
@@ -204,6 +250,115 @@ func run() error {
 	return nil
 }
 
+// direct reports whether a mode runs on PostgreSQL directly.
+func (b *bench) direct(mode string) bool {
+	_, other := b.urls[mode]
+	return mode == "direct" || other
+}
+
+// measure serves the application in one variant, warms it up and runs it
+// at every client count.
+func (b *bench) measure(ctx context.Context, vr variant, round, repeats int) ([]report.Run, error) {
+	db, err := b.open(vr.mode, vr.label)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	// Keep connections open in every mode: database/sql keeps only two
+	// idle ones by default, and reconnecting on every request would
+	// measure PostgreSQL's fork, not the modes.
+	db.SetMaxOpenConns(64)
+	db.SetMaxIdleConns(64)
+	// Users carry their read-your-writes session in a cookie, except in
+	// larder-client-ryw, where every write holds back every user's reads
+	// (the client's own session).
+	base, stop, err := serve(db, vr.staleness, vr.mode != "larder-client-ryw")
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	if b.warmup > 0 {
+		// Unmeasured: every mode starts its measured runs warm (the node
+		// and L1s for the cached ones, PostgreSQL's buffers for all), not
+		// only the modes that happen to run later.
+		if _, _, err := k6(ctx, base, vr.label, b.vus[0], b.warmup, b.mix, b.think, b.size); err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	var runs []report.Run
+	for _, vus := range b.vus {
+		cpu0 := b.meter.sample()
+		reads0 := b.reads(vr)
+		start := time.Now()
+		r, k6CPU, err := k6(ctx, base, vr.label, vus, b.duration, b.mix, b.think, b.size)
+		if err != nil {
+			return nil, err
+		}
+		wall := time.Since(start).Seconds()
+		cpu1 := b.meter.sample()
+		r.Repeat = round
+		r.CPU = map[string]float64{"k6": k6CPU.Seconds() / wall}
+		for g, v := range cpu1 {
+			r.CPU[g] = (v - cpu0[g]) / wall
+		}
+		if reads1 := b.reads(vr); reads1 != nil {
+			r.Reads = map[string]int64{}
+			for k, v := range reads1 {
+				r.Reads[k] = v - reads0[k]
+			}
+		}
+		fmt.Printf("repeat %d/%d  %-20s %3d VUs: %7.0f requests/s, worst p90 %7.1f ms (%s)\n", round, repeats, vr.label, vus, r.Rate, r.WorstP90, r.Worst)
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+// open opens a mode's database handle.
+func (b *bench) open(mode, label string) (*sql.DB, error) {
+	if u, ok := b.urls[mode]; ok {
+		return sql.Open("pgx", u)
+	}
+	return openMode(mode, label, b.env)
+}
+
+// reads returns the larder client's reads by source (nil in the direct
+// modes).
+func (b *bench) reads(vr variant) map[string]int64 {
+	if b.direct(vr.mode) {
+		return nil
+	}
+	return readsOf(vr.mode, vr.label, b.env)
+}
+
+// hostOf is a PostgreSQL URL's host, port and database, without its
+// credentials.
+func hostOf(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "?"
+	}
+	return p.Host + p.Path
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func sortedValues(m map[string]string) []string {
+	var vs []string
+	for _, k := range sortedKeys(m) {
+		if !slices.Contains(vs, m[k]) {
+			vs = append(vs, m[k])
+		}
+	}
+	return vs
+}
+
 func readEnv(path string) (map[string]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -214,7 +369,11 @@ func readEnv(path string) (map[string]string, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
-			env[k] = v
+			// The stack writes shell-quoted values: 'v', with ' as '\''.
+			if len(v) >= 2 && v[0] == '\'' && v[len(v)-1] == '\'' {
+				v = strings.ReplaceAll(v[1:len(v)-1], `'\''`, "'")
+			}
+			env[strings.TrimPrefix(k, "export ")] = v
 		}
 	}
 	if env["LARDER_PG_URL"] == "" || env["LARDER_DSN"] == "" {
@@ -369,74 +528,41 @@ func readsOf(mode, label string, env map[string]string) map[string]int64 {
 		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load()}
 }
 
-// cpuByGroup sums the CPU seconds of this machine's processes by role:
-// PostgreSQL, the application (this process), the local stack's process
-// (the invalidator and the cache-node), NATS.
-func cpuByGroup() map[string]float64 {
-	const ticks = 100 // USER_HZ on Linux
-	out := map[string]float64{}
-	self := strconv.Itoa(os.Getpid())
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid := e.Name()
-		if pid[0] < '0' || pid[0] > '9' {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + pid + "/stat")
-		if err != nil {
-			continue
-		}
-		st := string(b)
-		open, close := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
-		if open < 0 || close < open {
-			continue
-		}
-		comm, rest := st[open+1:close], strings.Fields(st[close+1:])
-		if len(rest) < 15 {
-			continue
-		}
-		// utime, stime, and the children's that have exited (PostgreSQL's
-		// backends are the postmaster's children).
-		var ticksUsed float64
-		for _, f := range rest[11:15] {
-			v, _ := strconv.ParseFloat(f, 64)
-			ticksUsed += v
-		}
-		group := ""
-		switch {
-		case pid == self:
-			group = "app"
-		case comm == "postgres":
-			group = "postgres"
-		case comm == "local":
-			group = "larder"
-		case comm == "nats-server":
-			group = "nats"
-		}
-		if group != "" {
-			out[group] += ticksUsed / ticks
-		}
+// postmasterPID reads the PID of PostgreSQL's postmaster from its data
+// folder's postmaster.pid.
+func postmasterPID(ctx context.Context, pgURL string) (int, error) {
+	conn, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return 0, err
 	}
-	return out
+	defer conn.Close(ctx)
+	var dataDir string
+	if err := conn.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir); err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+	if err != nil || pid < 1 {
+		return 0, fmt.Errorf("%s/postmaster.pid: no PID", dataDir)
+	}
+	return pid, nil
 }
 
 // pinPostgres pins the postmaster and every backend to one core; backends
 // started later inherit it.
-func pinPostgres(ctx context.Context, pgURL string, core int) error {
+func pinPostgres(ctx context.Context, pgURL string, postmaster, core int) error {
+	if postmaster < 1 {
+		return errors.New("pin PostgreSQL: its postmaster's PID is unknown (--pin-postgres -1 runs unpinned)")
+	}
 	conn, err := pgx.Connect(ctx, pgURL)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(ctx)
-	var dataDir string
-	if err := conn.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir); err != nil {
-		return err
-	}
-	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
-	if err != nil {
-		return fmt.Errorf("pin PostgreSQL: %w", err)
-	}
-	pids := []string{strings.SplitN(string(b), "\n", 2)[0]}
+	pids := []string{strconv.Itoa(postmaster)}
 	rows, err := conn.Query(ctx, "SELECT pid::text FROM pg_stat_activity")
 	if err != nil {
 		return err
