@@ -4,6 +4,10 @@
 // (package node), and serves lookups and puts over a lean binary protocol
 // (package protocol).
 //
-//	cache-node --listen 127.0.0.1:7070 --nats nats://… --store memory --memory 256MiB
-//	cache-node --listen 127.0.0.1:7070 --nats nats://… --store redis://127.0.0.1:6379/0 --memory 1GiB
+//	cache-node --listen 127.0.0.1:7070 --nats nats://… --nats-nkey node.nk \
+//	  --tls-cert node.pem --tls-key node-key.pem --tls-client-ca ca.pem --store memory --memory 256MiB
+//
+// The protocol is served over mutual TLS: a peer without a certificate
+// signed by --tls-client-ca is refused at the handshake. Plain TCP only
+// with --insecure-no-auth.
 package main

@@ -7,17 +7,21 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/larderdb/larder/cache-node/daemon"
 	"github.com/larderdb/larder/cache-node/protocol"
+	"github.com/larderdb/larder/internal/bytesize"
 	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/internal/pki"
+	"github.com/larderdb/larder/internal/secret"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
@@ -26,6 +30,16 @@ type options struct {
 	listen, natsURL, prefix, store, metrics, logLevel string
 	memory                                            int64
 	maxFrame                                          int
+	// TLS of the protocol (mutual: clients present certificates signed
+	// by tlsClientCA), or insecure plain TCP when asked for explicitly.
+	tlsCert, tlsKey, tlsClientCA string
+	insecure                     bool
+	natsNkey                     string // seed file of the node's NATS user
+	redisPasswordFile            string
+	// the protocol server's limits
+	maxInFlight                            int64
+	maxConns                               int
+	idleTimeout, readTimeout, writeTimeout time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -37,10 +51,21 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.natsURL, "nats", envOr("LARDER_NATS_URL", nats.DefaultURL), "NATS URL (env LARDER_NATS_URL)")
 	fs.StringVar(&o.prefix, "prefix", invalidation.DefaultPrefix, "NATS subject prefix (the invalidator's)")
 	fs.StringVar(&o.store, "store", "memory", `"memory", or a Redis URL (redis://host:port/db) to front`)
-	fs.StringVar(&memory, "memory", "256MiB", "byte budget (memory) or Redis maxmemory (redis): a number with an optional KiB, MiB or GiB suffix")
+	fs.StringVar(&memory, "memory", "256MiB", "byte budget: a number with an optional KiB, MiB or GiB suffix; with redis, the budget the node expects: the Redis's maxmemory (the operator's setting) enforces it, and the node warns if they differ")
 	fs.StringVar(&o.metrics, "metrics", "127.0.0.1:9189", "address of the Prometheus /metrics endpoint (empty: none)")
 	fs.IntVar(&o.maxFrame, "max-frame", protocol.DefaultMaxFrame, "largest request or answer frame, bytes")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.tlsCert, "tls-cert", os.Getenv("LARDER_NODE_TLS_CERT"), "the node's certificate, PEM (env LARDER_NODE_TLS_CERT)")
+	fs.StringVar(&o.tlsKey, "tls-key", os.Getenv("LARDER_NODE_TLS_KEY"), "the node's private key, PEM (env LARDER_NODE_TLS_KEY)")
+	fs.StringVar(&o.tlsClientCA, "tls-client-ca", os.Getenv("LARDER_NODE_TLS_CLIENT_CA"), "CA that signs the clients' certificates; peers without one are refused (env LARDER_NODE_TLS_CLIENT_CA)")
+	fs.BoolVar(&o.insecure, "insecure-no-auth", false, "serve plain TCP to anyone who can reach --listen (anyone can then read and forge cached results)")
+	fs.StringVar(&o.natsNkey, "nats-nkey", os.Getenv("LARDER_NATS_NKEY"), "file holding the node's NATS nkey seed (env LARDER_NATS_NKEY)")
+	maxInFlight := fs.String("max-in-flight", "256MiB", "request bytes being received at once, over all connections; a frame beyond it waits, then is answered \"node busy\"")
+	fs.IntVar(&o.maxConns, "max-conns", 4096, "open connections; more are closed at once (counted in larder_node_conns_refused_total)")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", 5*time.Minute, "a connection idle this long between requests is closed (keep above the clients' 1 min pool idle)")
+	fs.DurationVar(&o.readTimeout, "read-timeout", 30*time.Second, "time to receive a whole frame once its first byte arrived, and to finish the TLS handshake")
+	fs.DurationVar(&o.writeTimeout, "write-timeout", 30*time.Second, "time to send an answer")
+	fs.StringVar(&o.redisPasswordFile, "redis-password-file", os.Getenv("LARDER_REDIS_PASSWORD_FILE"), "file holding the Redis password, so that --store need not carry it (env LARDER_REDIS_PASSWORD_FILE)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -51,6 +76,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.memory, err = parseBytes(memory); err != nil {
 		return o, fmt.Errorf("--memory: %w", err)
 	}
+	if o.maxInFlight, err = parseBytes(*maxInFlight); err != nil {
+		return o, fmt.Errorf("--max-in-flight: %w", err)
+	}
+	if o.maxConns < 1 {
+		return o, errors.New("--max-conns must be at least 1")
+	}
+	for name, d := range map[string]time.Duration{"--idle-timeout": o.idleTimeout, "--read-timeout": o.readTimeout, "--write-timeout": o.writeTimeout} {
+		if d <= 0 {
+			return o, fmt.Errorf("%s must be positive", name)
+		}
+	}
 	if err := invalidation.ValidPrefix(o.prefix); err != nil {
 		return o, err
 	}
@@ -60,25 +96,27 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.maxFrame < 1<<10 {
 		return o, errors.New("--max-frame must be at least 1KiB")
 	}
+	tlsSet := o.tlsCert != "" || o.tlsKey != "" || o.tlsClientCA != ""
+	switch {
+	case tlsSet && o.insecure:
+		return o, errors.New("--insecure-no-auth and --tls-* contradict each other")
+	case tlsSet && (o.tlsCert == "" || o.tlsKey == "" || o.tlsClientCA == ""):
+		return o, errors.New("TLS needs all of --tls-cert, --tls-key and --tls-client-ca")
+	case !tlsSet && !o.insecure:
+		return o, errors.New("the protocol must be authenticated: give --tls-cert, --tls-key and --tls-client-ca (mutual TLS), or --insecure-no-auth to serve anyone who can connect")
+	}
+	if o.redisPasswordFile != "" && o.store == "memory" {
+		return o, errors.New("--redis-password-file needs a redis:// --store")
+	}
 	return o, nil
 }
 
 func parseBytes(s string) (int64, error) {
-	mult := int64(1)
-	for _, u := range []struct {
-		suffix string
-		m      int64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}} {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSuffix(s, u.suffix), u.m
-			break
-		}
+	n, err := bytesize.Parse(s)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("%q is not a positive size", s)
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("%q is not a positive size", s)
-	}
-	return n * mult, nil
+	return n, err
 }
 
 func envOr(k, def string) string {
@@ -105,7 +143,15 @@ func run(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := daemon.Run(ctx, o.daemon(), log, nil); err != nil {
+	do, err := o.daemon()
+	if err != nil {
+		fmt.Fprintln(stderr, "cache-node:", err)
+		return 2
+	}
+	if o.insecure {
+		log.Warn("serving without authentication (--insecure-no-auth): anyone who can connect can read and forge cached results", "listen", o.listen)
+	}
+	if err := daemon.Run(ctx, do, log, nil); err != nil {
 		log.Error("stopped", "err", err)
 		return 1
 	}
@@ -113,6 +159,38 @@ func run(args []string, stderr io.Writer) int {
 	return 0
 }
 
-func (o options) daemon() daemon.Options {
-	return daemon.Options{Listen: o.listen, NATS: o.natsURL, Prefix: o.prefix, Store: o.store, Memory: o.memory, Metrics: o.metrics, MaxFrame: o.maxFrame}
+func (o options) daemon() (daemon.Options, error) {
+	d := daemon.Options{Listen: o.listen, NATS: o.natsURL, Prefix: o.prefix, Store: o.store, Memory: o.memory, Metrics: o.metrics, MaxFrame: o.maxFrame,
+		MaxInFlight: o.maxInFlight, MaxConns: o.maxConns, IdleTimeout: o.idleTimeout, ReadTimeout: o.readTimeout, WriteTimeout: o.writeTimeout}
+	if !o.insecure {
+		cfg, err := pki.ServerTLS(o.tlsCert, o.tlsKey, o.tlsClientCA)
+		if err != nil {
+			return d, err
+		}
+		d.TLS = cfg
+	}
+	if o.natsNkey != "" {
+		opt, err := nats.NkeyOptionFromSeed(o.natsNkey)
+		if err != nil {
+			return d, fmt.Errorf("--nats-nkey: %w", err)
+		}
+		d.NATSOptions = append(d.NATSOptions, opt)
+	}
+	if o.redisPasswordFile != "" {
+		pw, err := secret.FromFile(o.redisPasswordFile)
+		if err != nil {
+			return d, fmt.Errorf("--redis-password-file: %w", err)
+		}
+		u, err := url.Parse(o.store)
+		if err != nil {
+			return d, fmt.Errorf("--store: %s", secret.Redact(err.Error()))
+		}
+		user := "default"
+		if u.User != nil && u.User.Username() != "" {
+			user = u.User.Username()
+		}
+		u.User = url.UserPassword(user, pw)
+		d.Store = u.String()
+	}
+	return d, nil
 }

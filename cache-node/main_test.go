@@ -35,10 +35,13 @@ func TestFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--memory", "lots"}, "--memory"},
-		{[]string{"--store", "mysql://x"}, "--store"},
-		{[]string{"--prefix", "a b"}, "prefix"},
-		{[]string{"x"}, "unexpected"},
+		{[]string{"--insecure-no-auth", "--memory", "lots"}, "--memory"},
+		{[]string{"--insecure-no-auth", "--store", "mysql://x"}, "--store"},
+		{[]string{"--insecure-no-auth", "--prefix", "a b"}, "prefix"},
+		{[]string{"--insecure-no-auth", "x"}, "unexpected"},
+		{[]string{"--insecure-no-auth", "--max-conns", "0"}, "--max-conns"},
+		{[]string{"--insecure-no-auth", "--max-in-flight", "lots"}, "--max-in-flight"},
+		{[]string{"--insecure-no-auth", "--idle-timeout", "0s"}, "--idle-timeout"},
 	} {
 		var out bytes.Buffer
 		if code := run(c.args, &out); code != 2 || !strings.Contains(out.String(), c.want) {

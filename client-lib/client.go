@@ -2,6 +2,7 @@ package larder
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -20,7 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
 
-	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
 	"github.com/larderdb/larder/qumaana/quma"
@@ -32,6 +32,14 @@ type Config struct {
 	NATSURL     string
 	Prefix      string   // NATS subject prefix (the invalidator's); default "larder"
 	Nodes       []string // cache-node addresses; a key lives on one of them
+	// NodeTLS, when set, is how the client authenticates itself to the
+	// cache-nodes and them to it (mutual TLS: the CA that signed the nodes'
+	// certificates, and the client's certificate). Nodes started with
+	// client authentication refuse a client without it.
+	NodeTLS *tls.Config
+	// NATSOptions are added to the client's NATS connection options: its
+	// credentials (nats.NkeyOptionFromSeed, nats.UserCredentials) and TLS.
+	NATSOptions []nats.Option
 	// QUMA is the qumaana solution file (analyze --format json): the schema
 	// and the tag column sets the invalidator publishes.
 	QUMA string
@@ -39,8 +47,30 @@ type Config struct {
 	Staleness time.Duration
 	// L1Bytes is the in-process cache's byte budget (0: no L1).
 	L1Bytes int64
-	Log     *slog.Logger
-	Metrics prometheus.Registerer // may be nil
+	// NodeTimeout bounds each cache-node call, connecting included
+	// (default DefaultNodeTimeout); a call also leaves at least half of
+	// what remains of the caller's deadline for PostgreSQL. A call that
+	// runs out of time, or fails on its connection, is a failure; a few in
+	// a row open the node's circuit breaker: its reads go straight to
+	// PostgreSQL until a probe finds it answering again.
+	NodeTimeout time.Duration
+	// NodeBackoff is how long a node whose breaker opened is left alone
+	// before it is probed (default DefaultNodeBackoff); it doubles after
+	// each failed probe, up to 16 times this.
+	NodeBackoff time.Duration
+	// PinVerifyTimeout bounds the wait for the pincushion to place a
+	// fresh snapshot (default DefaultPinVerifyTimeout); the transaction
+	// then runs uncached on it instead.
+	PinVerifyTimeout time.Duration
+	// PinSilence: when the pincushion has announced no pin for this long
+	// (default DefaultPinSilence), it is taken not to be placing any (its
+	// invalidator is not replicating, NATS is away): a read-only
+	// transaction that finds no usable pin runs uncached on a fresh
+	// snapshot at once instead of asking it. Keep it several times the
+	// pincushion's pin interval.
+	PinSilence time.Duration
+	Log        *slog.Logger
+	Metrics    prometheus.Registerer // may be nil
 	// UnsafeIgnoreConsistency is for measurements only (the "no
 	// consistency" ablation of the benchmarks): hits do not narrow the
 	// transaction's snapshot, so results may mix snapshots within the
@@ -54,7 +84,7 @@ type Client struct {
 	pool  *pgxpool.Pool
 	nc    *nats.Conn
 	pins  *pinTracker
-	nodes []*protocol.Client
+	nodes []*nodeClient
 	// keying is the live schema and the invalidator's coverage; epoch
 	// counts its reloads (sessions read their scope again after one).
 	keying     atomic.Pointer[keying]
@@ -63,9 +93,18 @@ type Client struct {
 	wantSets   map[string][][]string
 	stop       chan struct{}
 	bg         sync.WaitGroup
-	l1         *store.Memory
-	maps       sync.Pool
-	puts       sync.WaitGroup
+	// ctx ends when the client closes (background requests use it).
+	ctx    context.Context
+	cancel context.CancelFunc
+	// wake asks followSchema to ask the pincushion for its pins and the
+	// invalidator for its tag sets again (NATS connected).
+	wake chan struct{}
+	// bgMu guards closed against background work starting (goBackground).
+	bgMu   sync.Mutex
+	closed bool
+	l1     *store.Memory
+	maps   sync.Pool
+	puts   sync.WaitGroup
 
 	// own is the client's own session: every write through the client
 	// moves it; read-only transactions whose context carries no session
@@ -83,7 +122,16 @@ type Client struct {
 
 // Stats counts what the client did.
 type Stats struct {
+	// Fallbacks counts read-only transactions that ran uncached on a
+	// fresh PostgreSQL snapshot (no usable pin, and the pincushion could
+	// not place one); NodeErrors, cache-node calls that failed (the read
+	// went to PostgreSQL).
 	L1Hits, NodeHits, Misses, Uncacheable, Fallbacks, NodeErrors atomic.Int64
+	// NodeTimeouts counts cache-node calls that ran out of time (of the
+	// NodeErrors); BreakerOpens, node circuit breakers opened;
+	// NodeBypassed, cache-node calls not made because the node's breaker
+	// was open.
+	NodeTimeouts, BreakerOpens, NodeBypassed atomic.Int64
 	// NowSnapshots counts read-only transactions that found no pin and
 	// ran at a fresh snapshot the pincushion placed.
 	NowSnapshots atomic.Int64
@@ -99,8 +147,16 @@ func (s *Stats) noteNodeMiss(c store.MissClass) {
 	}
 }
 
-// Open connects to PostgreSQL, NATS and the cache-nodes and loads the
-// QUMA file.
+// Defaults of the pincushion waits (see Config).
+const (
+	DefaultPinVerifyTimeout = time.Second
+	DefaultPinSilence       = time.Second
+)
+
+// Open connects to PostgreSQL and loads the QUMA file. It needs
+// PostgreSQL only: NATS, the invalidator (its pins and the tag sets it
+// publishes) and the cache-nodes are picked up when they answer; until
+// then read-only transactions run on PostgreSQL uncached (counted).
 func Open(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.PostgresURL == "" || cfg.NATSURL == "" || cfg.QUMA == "" {
 		return nil, errors.New("larder: PostgresURL, NATSURL and QUMA are required")
@@ -114,6 +170,18 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	if cfg.NodeTimeout <= 0 {
+		cfg.NodeTimeout = DefaultNodeTimeout
+	}
+	if cfg.NodeBackoff <= 0 {
+		cfg.NodeBackoff = DefaultNodeBackoff
+	}
+	if cfg.PinVerifyTimeout <= 0 {
+		cfg.PinVerifyTimeout = DefaultPinVerifyTimeout
+	}
+	if cfg.PinSilence <= 0 {
+		cfg.PinSilence = DefaultPinSilence
+	}
 	f, err := os.Open(cfg.QUMA)
 	if err != nil {
 		return nil, fmt.Errorf("larder: %w", err)
@@ -123,43 +191,46 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("larder: %s: %w", cfg.QUMA, err)
 	}
-	c := &Client{cfg: cfg, m: newClientMetrics(cfg.Metrics)}
+	c := &Client{cfg: cfg, m: newClientMetrics(cfg.Metrics), wake: make(chan struct{}, 1)}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.maps.New = func() any { return &pgxTypeMap{pgtype.NewMap()} }
 	if cfg.L1Bytes > 0 {
 		c.l1 = store.NewMemory(cfg.L1Bytes, nil)
 	}
 	if c.pool, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
+		c.cancel()
 		return nil, fmt.Errorf("larder: %w", err)
 	}
 	sq, err := loadScopeQuery(ctx, c.pool)
 	if err != nil {
-		c.pool.Close()
+		c.Close()
 		return nil, err
 	}
 	c.scope.Store(sq)
 	scope, err := c.readScope(ctx, c.pool)
 	if err != nil {
-		c.pool.Close()
-		return nil, err
-	}
-	c.poolScope.Store(&scope)
-	if c.nc, err = nats.Connect(cfg.NATSURL, nats.Name("larder-client"), nats.MaxReconnects(-1)); err != nil {
-		c.pool.Close()
-		return nil, fmt.Errorf("larder: NATS: %w", err)
-	}
-	if c.pins, err = newPinTracker(ctx, c.nc, cfg.Prefix); err != nil {
 		c.Close()
 		return nil, err
 	}
+	c.poolScope.Store(&scope)
+	if c.nc, err = nats.Connect(cfg.NATSURL, c.natsOptions()...); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("larder: NATS: %w", err)
+	}
+	if c.pins, err = newPinTracker(c.nc, cfg.Prefix, cfg.PinSilence); err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.pins.askList(ctx, c.nc, cfg.Prefix, 2*time.Second)
 	c.fileSchema, c.wantSets = sol.Schema, sol.TagSets()
-	k, err := c.loadKeying(ctx, 10*time.Second)
+	k, err := c.loadKeying(ctx, askTagSets(ctx, c.nc, cfg, 2*time.Second))
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
 	c.keying.Store(k)
 	for _, addr := range cfg.Nodes {
-		c.nodes = append(c.nodes, protocol.NewClient(addr, 8))
+		c.nodes = append(c.nodes, newNodeClient(c, addr))
 	}
 	c.stop = make(chan struct{})
 	c.bg.Add(1)
@@ -167,9 +238,69 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// natsOptions are the client's NATS options: the configured ones, then
+// connecting in the background when NATS is not there yet (Open does not
+// need it) and a word to followSchema on every (re)connection, after the
+// configured handlers.
+func (c *Client) natsOptions() []nats.Option {
+	var user nats.Options
+	for _, o := range c.cfg.NATSOptions {
+		_ = o(&user)
+	}
+	connected := func(nc *nats.Conn) {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+	opts := append([]nats.Option{nats.Name("larder-client"), nats.MaxReconnects(-1)}, c.cfg.NATSOptions...)
+	return append(opts, nats.RetryOnFailedConnect(true),
+		nats.ConnectHandler(func(nc *nats.Conn) {
+			connected(nc)
+			if user.ConnectedCB != nil {
+				user.ConnectedCB(nc)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			connected(nc)
+			if user.ReconnectedCB != nil {
+				user.ReconnectedCB(nc)
+			}
+		}))
+}
+
+// goBackground runs f in a goroutine Close waits for, unless the client
+// is closing.
+func (c *Client) goBackground(f func()) bool {
+	c.bgMu.Lock()
+	defer c.bgMu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		f()
+	}()
+	return true
+}
+
+// NodeStates returns each cache-node's circuit breaker state by address:
+// "closed" (in use), "open" (bypassed: its reads go to PostgreSQL) or
+// "probing" (bypassed while a probe asks it).
+func (c *Client) NodeStates() map[string]string {
+	out := make(map[string]string, len(c.nodes))
+	for _, n := range c.nodes {
+		out[n.addr] = n.State()
+	}
+	return out
+}
+
 // followSchema reloads the schema and the invalidator's coverage when the
-// invalidator announces a schema change, and keeps asking while it has
-// not said what it covers.
+// invalidator announces a schema change; asks for its coverage while it
+// has not said, when NATS (re)connects, when pins come again after a
+// silence (it may have restarted) and every tagSetsRecheck; and asks the
+// pincushion for its pins when NATS (re)connects.
 func (c *Client) followSchema() {
 	defer c.bg.Done()
 	changed := make(chan *nats.Msg, 16)
@@ -182,6 +313,7 @@ func (c *Client) followSchema() {
 	defer func() { _ = sub.Unsubscribe() }()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	lastCheck := time.Now()
 	for {
 		select {
 		case <-c.stop:
@@ -190,14 +322,26 @@ func (c *Client) followSchema() {
 			for len(changed) > 0 { // one reload for a burst of DDL
 				<-changed
 			}
-			c.refreshKeying(context.Background(), "schema change")
+			c.refreshKeying(c.ctx, "schema change")
+		case <-c.wake:
+			c.pins.askList(c.ctx, c.nc, c.cfg.Prefix, 2*time.Second)
+			c.recheckTagSets(c.ctx, "NATS connected")
+			lastCheck = time.Now()
+		case <-c.pins.resumed:
+			c.recheckTagSets(c.ctx, "pins resumed")
+			lastCheck = time.Now()
 		case <-tick.C:
-			if c.keying.Load().covered == nil {
-				c.refreshKeying(context.Background(), "coverage unknown")
+			if c.keying.Load().covered == nil || time.Since(lastCheck) >= tagSetsRecheck {
+				c.recheckTagSets(c.ctx, "coverage check")
+				lastCheck = time.Now()
 			}
 		}
 	}
 }
+
+// tagSetsRecheck is how often the invalidator is asked for its coverage
+// again, in case it restarted with other tag column sets unnoticed.
+const tagSetsRecheck = 5 * time.Second
 
 // dbConn is what a read-only transaction needs of a PostgreSQL session:
 // a pooled connection (native API) or a database/sql connection's own.
@@ -209,13 +353,19 @@ type dbConn interface {
 
 // Close waits for pending puts and closes every connection.
 func (c *Client) Close() {
+	c.bgMu.Lock()
+	c.closed = true
+	c.bgMu.Unlock()
+	if c.cancel != nil {
+		c.cancel()
+	}
 	if c.stop != nil {
 		close(c.stop)
-		c.bg.Wait()
 	}
+	c.bg.Wait()
 	c.puts.Wait()
 	for _, n := range c.nodes {
-		n.Close()
+		n.close()
 	}
 	if c.pins != nil {
 		c.pins.close()
@@ -231,7 +381,7 @@ func (c *Client) Close() {
 // Stats returns the client's counters.
 func (c *Client) Stats() *Stats { return &c.stats }
 
-func (c *Client) node(key []byte) *protocol.Client {
+func (c *Client) node(key []byte) *nodeClient {
 	if len(c.nodes) == 0 {
 		return nil
 	}

@@ -164,8 +164,19 @@ func startStack(t testing.TB) *stack {
 // a QUMA file analyzed from ddl and the templates.
 func startStackWith(t testing.TB, ddl, seed string, templates ...string) *stack {
 	t.Helper()
+	s := prepareStack(t, ddl, seed, templates...)
+	s.startInvalidator(t)
+	s.startNode(t, "127.0.0.1:0")
+	return s
+}
+
+// prepareStack is startStackWith without starting the invalidator and the
+// cache-node.
+func prepareStack(t testing.TB, ddl, seed string, templates ...string) *stack {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &stack{url: testenv.Database(t, env.PG), prefix: fmt.Sprintf("cl%d", stackSeq.Add(1)), nats: env.NATS.URL()}
+	s := &stack{url: testenv.Database(t, env.PG), prefix: fmt.Sprintf("cl%d", stackSeq.Add(1)), nats: env.NATS.URL(),
+		stopInvalidator: func() {}, stopNode: func() {}}
 	if natsOverride != "" {
 		s.nats = natsOverride
 	}
@@ -187,8 +198,6 @@ func startStackWith(t testing.TB, ddl, seed string, templates ...string) *stack 
 	o := &s.invOpts
 	o.PG, o.NATS, o.Prefix, o.Slot, o.Publication, o.Metrics = s.url, s.nats, s.prefix, s.prefix, s.prefix, ""
 	o.Heartbeat, o.PinInterval, o.MaxStaleness = 20*time.Millisecond, 100*time.Millisecond, 10*time.Second
-	s.startInvalidator(t)
-	s.startNode(t, "127.0.0.1:0")
 	t.Cleanup(func() {
 		cancel()
 		s.stopInvalidator()
@@ -243,10 +252,10 @@ func (s *stack) open(t testing.TB, pgURL string, nodes []string, l1 int64) *Clie
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	// Wait for pins.
-	for deadline := time.Now().Add(30 * time.Second); len(c.pins.candidates(time.Now().Add(-time.Minute), 0)) == 0; {
+	// Wait for pins and for the invalidator's tag sets.
+	for deadline := time.Now().Add(30 * time.Second); len(c.pins.candidates(time.Now().Add(-time.Minute), 0)) == 0 || c.keying.Load().covered == nil; {
 		if time.Now().After(deadline) {
-			t.Fatal("no pins")
+			t.Fatal("no pins or no tag sets")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -14,6 +14,19 @@
 // snapshot (counted as a fallback). Read/write transactions (BeginRW) go
 // straight to PostgreSQL.
 //
+// Only PostgreSQL can make a transaction fail or wait long. Open needs
+// PostgreSQL alone: NATS, the invalidator's pins and tag sets and the
+// cache-nodes are picked up when they answer, and until then read-only
+// transactions run uncached. Each cache-node call has a deadline
+// (Config.NodeTimeout, at most half of what is left of the caller's), and
+// a per-node circuit breaker sends a failing node's reads straight to
+// PostgreSQL, as misses, until a probe after Config.NodeBackoff finds it
+// answering. A transaction that needs a fresh snapshot waits for the
+// pincushion at most Config.PinVerifyTimeout, and not at all while it
+// places no pins (Config.PinSilence) or NATS is away: it runs uncached on
+// a fresh snapshot. Stats and the larder_client_* metrics count each of
+// these.
+//
 // A Session is the unit of read-your-writes: it travels in a context
 // (WithSession), as a token between processes, and as a cookie for a web
 // application (HTTPSessions). A transaction whose context carries none

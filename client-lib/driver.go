@@ -6,8 +6,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,7 +15,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/nats-io/nats.go"
+
+	"github.com/larderdb/larder/internal/bytesize"
+	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/internal/pki"
 )
+
+// MaxStaleness is the largest staleness limit a DSN may give.
+const MaxStaleness = 24 * time.Hour
 
 // DriverName is the database/sql driver this package registers.
 const DriverName = "larder"
@@ -26,9 +34,16 @@ func init() { sql.Register(DriverName, registered) }
 
 // Driver is the database/sql driver. Its DSN is a PostgreSQL URL whose
 // larder.* query parameters configure the cache: larder.nats (NATS URL),
-// larder.nodes (comma-separated cache-node addresses), larder.quma (the
-// QUMA file), larder.staleness (a Go duration), larder.l1 (L1 bytes),
-// larder.prefix (NATS subject prefix). A read-only transaction
+// larder.nats-nkey (file holding the client's NATS nkey seed),
+// larder.nodes (comma-separated cache-node addresses), larder.node-ca,
+// larder.node-cert and larder.node-key (PEM files: the CA of the nodes'
+// certificates and the client's own certificate and key, for nodes that
+// authenticate their peers), larder.quma (the QUMA file),
+// larder.staleness (a Go duration, at most 24h), larder.l1 (L1 bytes,
+// with an optional KiB, MiB or GiB suffix), larder.prefix (NATS subject
+// prefix), and the failure bounds (Go durations, see Config):
+// larder.node-timeout, larder.node-backoff, larder.pin-verify-timeout,
+// larder.pin-silence. A read-only transaction
 // (sql.TxOptions{ReadOnly: true}) is a cached read-only transaction;
 // everything else is plain PostgreSQL through pgx.
 type Driver struct {
@@ -85,6 +100,7 @@ func ParseDSN(dsn string) (Config, error) {
 	// PostgreSQL's URL parser does not read back as spaces).
 	var keep []string
 	seen := map[string]bool{}
+	var nodeTLS [3]string // CA, certificate, key
 	for _, part := range strings.Split(u.RawQuery, "&") {
 		if part == "" {
 			continue
@@ -109,15 +125,33 @@ func ParseDSN(dsn string) (Config, error) {
 		switch k {
 		case "larder.nats":
 			cfg.NATSURL = v
+		case "larder.nats-nkey":
+			opt, err := nats.NkeyOptionFromSeed(v)
+			if err != nil {
+				return cfg, fmt.Errorf("larder: larder.nats-nkey: %w", err)
+			}
+			cfg.NATSOptions = append(cfg.NATSOptions, opt)
+		case "larder.node-ca":
+			nodeTLS[0] = v
+		case "larder.node-cert":
+			nodeTLS[1] = v
+		case "larder.node-key":
+			nodeTLS[2] = v
 		case "larder.nodes":
 			for _, n := range strings.Split(v, ",") {
 				if n = strings.TrimSpace(n); n != "" {
+					if host, port, err := net.SplitHostPort(n); err != nil || host == "" || port == "" {
+						return cfg, fmt.Errorf("larder: larder.nodes entry %q: want host:port", n)
+					}
 					cfg.Nodes = append(cfg.Nodes, n)
 				}
 			}
 		case "larder.quma":
 			cfg.QUMA = v
 		case "larder.prefix":
+			if err := invalidation.ValidPrefix(v); err != nil {
+				return cfg, fmt.Errorf("larder: larder.prefix: %w", err)
+			}
 			cfg.Prefix = v
 		case UnsafeAblationParam:
 			if !unsafeAblationEnabled.Load() {
@@ -131,9 +165,21 @@ func ParseDSN(dsn string) (Config, error) {
 			if cfg.Staleness, err = time.ParseDuration(v); err != nil || cfg.Staleness <= 0 {
 				return cfg, fmt.Errorf("larder: larder.staleness=%q: want a positive duration such as 30s", v)
 			}
+			if cfg.Staleness > MaxStaleness {
+				return cfg, fmt.Errorf("larder: larder.staleness=%s: more than %s; pins live only as long as the invalidator's --max-staleness, so a longer limit is never used", v, MaxStaleness)
+			}
+		case "larder.node-timeout", "larder.node-backoff", "larder.pin-verify-timeout", "larder.pin-silence":
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 || d > time.Minute {
+				return cfg, fmt.Errorf("larder: %s=%q: want a positive duration of at most a minute, such as 100ms", k, v)
+			}
+			*map[string]*time.Duration{
+				"larder.node-timeout": &cfg.NodeTimeout, "larder.node-backoff": &cfg.NodeBackoff,
+				"larder.pin-verify-timeout": &cfg.PinVerifyTimeout, "larder.pin-silence": &cfg.PinSilence,
+			}[k] = d
 		case "larder.l1":
-			if cfg.L1Bytes, err = strconv.ParseInt(v, 10, 64); err != nil || cfg.L1Bytes < 0 {
-				return cfg, fmt.Errorf("larder: larder.l1=%q: want a byte count", v)
+			if cfg.L1Bytes, err = bytesize.Parse(v); err != nil {
+				return cfg, fmt.Errorf("larder: larder.l1=%q: want a byte count such as 67108864 or 64MiB", v)
 			}
 		default:
 			return cfg, fmt.Errorf("larder: unknown DSN parameter %s", k)
@@ -141,6 +187,17 @@ func ParseDSN(dsn string) (Config, error) {
 	}
 	if cfg.NATSURL == "" || cfg.QUMA == "" {
 		return cfg, errors.New("larder: the DSN needs larder.nats and larder.quma")
+	}
+	switch {
+	case nodeTLS[0] != "":
+		if (nodeTLS[1] == "") != (nodeTLS[2] == "") {
+			return cfg, errors.New("larder: larder.node-cert and larder.node-key go together")
+		}
+		if cfg.NodeTLS, err = pki.ClientTLS(nodeTLS[0], nodeTLS[1], nodeTLS[2]); err != nil {
+			return cfg, fmt.Errorf("larder: cache-node TLS: %w", err)
+		}
+	case nodeTLS[1] != "" || nodeTLS[2] != "":
+		return cfg, errors.New("larder: larder.node-cert and larder.node-key need larder.node-ca")
 	}
 	u.RawQuery = strings.Join(keep, "&")
 	cfg.PostgresURL = u.String()

@@ -3,7 +3,9 @@ package larder
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -24,8 +26,10 @@ type keying struct {
 	// covered holds the tables whose changes the invalidator publishes;
 	// nil while it has not said (then nothing is cached).
 	covered map[string]bool
-	mu      sync.Mutex
-	byPath  map[string]*quma.Analyzer // by search path
+	// have is the invalidator's answer the keying was made with (nil: none).
+	have   map[string][][]string
+	mu     sync.Mutex
+	byPath map[string]*quma.Analyzer // by search path
 }
 
 // analyzer returns the analyzer that resolves names along path (the
@@ -75,11 +79,12 @@ func (k *keying) coveredOf(deps []quma.Dep) []string {
 	return out
 }
 
-// loadKeying reads the live catalog and asks the invalidator which tables
-// and tag column sets it publishes. want is the QUMA file's sets; fileSchema
-// the schema the file was computed with (differences are logged: the live
-// catalog is what counts).
-func (c *Client) loadKeying(ctx context.Context, wait time.Duration) (*keying, error) {
+// loadKeying reads the live catalog and takes the invalidator's answer
+// have (nil: it has not said) on which tables and tag column sets it
+// publishes. The QUMA file's sets are used where the invalidator
+// publishes them; fileSchema is the schema the file was computed with
+// (differences are logged: the live catalog is what counts).
+func (c *Client) loadKeying(ctx context.Context, have map[string][][]string) (*keying, error) {
 	live, err := readCatalog(ctx, c.pool)
 	if err != nil {
 		return nil, err
@@ -89,14 +94,14 @@ func (c *Client) loadKeying(ctx context.Context, wait time.Duration) (*keying, e
 			c.cfg.Log.Warn("larder: the QUMA file's schema differs from the database; the live catalog is used", "difference", d)
 		}
 	}
-	have := askTagSets(ctx, c.nc, c.cfg, wait)
 	k := &keying{schema: live, byPath: map[string]*quma.Analyzer{}}
 	if have == nil {
-		c.cfg.Log.Warn("larder: the invalidator did not say which tables and tag column sets it publishes: nothing is cached until it does")
+		c.cfg.Log.Warn("larder: the invalidator has not said which tables and tag column sets it publishes: nothing is cached until it does")
 		return k, nil
 	}
 	k.covered = map[string]bool{}
 	k.sets = map[string][][]string{}
+	k.have = have
 	for table := range have {
 		k.covered[table] = true
 	}
@@ -143,17 +148,24 @@ func schemaDiff(file, live *quma.Schema) []string {
 
 // askTagSets asks the invalidator for the tables it covers and the tag
 // column sets it publishes, retrying for up to wait; nil when it did not
-// answer.
+// answer. It does not wait when NATS is not connected or nobody answers
+// the subject (the invalidator is not running).
 func askTagSets(ctx context.Context, nc *nats.Conn, cfg Config, wait time.Duration) map[string][][]string {
 	rctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
+		if !nc.IsConnected() {
+			return nil
+		}
 		actx, acancel := context.WithTimeout(rctx, 250*time.Millisecond)
 		msg, err := nc.RequestWithContext(actx, invalidation.TagSetsSubject(cfg.Prefix), nil)
 		acancel()
 		var have map[string][][]string
 		if err == nil && json.Unmarshal(msg.Data, &have) == nil && have != nil {
 			return have
+		}
+		if errors.Is(err, nats.ErrNoResponders) {
+			return nil
 		}
 		cfg.Log.Debug("larder: asking the invalidator for its tables and tag column sets", "err", err)
 		select {
@@ -162,6 +174,22 @@ func askTagSets(ctx context.Context, nc *nats.Conn, cfg Config, wait time.Durati
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// sameTagSets reports whether two answers of the invalidator name the
+// same tables and, for each, the same tag column sets (in any order).
+func sameTagSets(a, b map[string][][]string) bool {
+	return maps.EqualFunc(a, b, func(x, y [][]string) bool {
+		if len(x) != len(y) {
+			return false
+		}
+		for _, set := range x {
+			if !containsSet(y, set) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func containsSet(sets [][]string, set []string) bool {
@@ -173,11 +201,34 @@ func containsSet(sets [][]string, set []string) bool {
 	return false
 }
 
-// refreshKeying reloads the catalog and the invalidator's coverage; the
-// sessions' scopes are read again before their next read-only transaction.
+// refreshKeying reloads the catalog and asks the invalidator for its
+// coverage again (a schema change); the sessions' scopes are read again
+// before their next read-only transaction.
 func (c *Client) refreshKeying(ctx context.Context, why string) {
-	k, err := c.loadKeying(ctx, 5*time.Second)
+	c.reloadKeying(ctx, why, askTagSets(ctx, c.nc, c.cfg, 5*time.Second))
+}
+
+// recheckTagSets asks the invalidator for its coverage and reloads when
+// the answer differs from the one the keying was made with (it started,
+// or restarted with other tag column sets). No answer keeps the keying.
+func (c *Client) recheckTagSets(ctx context.Context, why string) {
+	have := askTagSets(ctx, c.nc, c.cfg, time.Second)
+	if have == nil {
+		return
+	}
+	if k := c.keying.Load(); k.covered != nil && sameTagSets(k.have, have) {
+		return
+	}
+	c.reloadKeying(ctx, why, have)
+}
+
+// reloadKeying reloads the catalog with the invalidator's answer have.
+func (c *Client) reloadKeying(ctx context.Context, why string, have map[string][][]string) {
+	k, err := c.loadKeying(ctx, have)
 	if err != nil {
+		if ctx.Err() != nil {
+			return // closing
+		}
 		c.cfg.Log.Warn("larder: reloading the schema failed; nothing is cached until it succeeds", "why", why, "err", err)
 		c.keying.Store(&keying{schema: quma.NewSchema(), byPath: map[string]*quma.Analyzer{}})
 		c.epoch.Add(1)

@@ -11,9 +11,17 @@ const maxReasons = 100
 type clientMetrics struct {
 	reads      *prometheus.CounterVec // source: l1, node, database
 	uncached   *prometheus.CounterVec // reason
-	fallbacks  prometheus.Counter
+	fallbacks  *prometheus.CounterVec // reason
 	nodeErrors prometheus.Counter
-	collapsed  prometheus.Counter
+	// Per cache-node (label node): the breaker's state (0 closed, 1 open,
+	// 2 probing), calls that ran out of time, breakers opened, calls not
+	// made while open, probes sent.
+	nodeState    *prometheus.GaugeVec
+	nodeTimeouts *prometheus.CounterVec
+	breakerOpens *prometheus.CounterVec
+	nodeBypassed *prometheus.CounterVec
+	nodeProbes   *prometheus.CounterVec
+	collapsed    prometheus.Counter
 	// planRetries: statements run again at the same pin after a schema
 	// change made PostgreSQL refuse pgx's cached statement.
 	planRetries prometheus.Counter
@@ -36,8 +44,13 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	m := &clientMetrics{
 		reads:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_reads_total", Help: "Cacheable reads in read-only transactions, by where the result came from (l1, node, database)."}, []string{"source"}),
 		uncached:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_uncacheable_total", Help: "Reads that could not be cached, by reason (run at the transaction's snapshot)."}, []string{"reason"}),
-		fallbacks:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_fallbacks_total", Help: "Read-only transactions that found no usable pin and ran uncached on a fresh snapshot."}),
-		nodeErrors:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_node_errors_total", Help: "Failed cache-node requests (the read went to PostgreSQL)."}),
+		fallbacks:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_fallbacks_total", Help: "Read-only transactions that found no usable pin and ran uncached on a fresh snapshot, by reason: nats (not connected), pins (the pincushion is placing none), verify (it did not place the snapshot in time, or refused it)."}, []string{"reason"}),
+		nodeErrors:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_node_errors_total", Help: "Failed cache-node requests: timeouts and connection errors (the read went to PostgreSQL)."}),
+		nodeState:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_client_node_breaker_state", Help: "Each cache-node's circuit breaker: 0 closed (in use), 1 open (bypassed: reads go to PostgreSQL), 2 probing."}, []string{"node"}),
+		nodeTimeouts:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_node_timeouts_total", Help: "Cache-node calls that ran out of time (NodeTimeout), connecting included."}, []string{"node"}),
+		breakerOpens:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_node_breaker_opens_total", Help: "Times a cache-node's circuit breaker opened after consecutive failures."}, []string{"node"}),
+		nodeBypassed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_node_bypassed_total", Help: "Cache-node calls not made because the node's circuit breaker was open (the read went to PostgreSQL, the put was dropped)."}, []string{"node"}),
+		nodeProbes:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_node_probes_total", Help: "Probes of cache-nodes whose circuit breaker was open."}, []string{"node"}),
 		collapsed:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_collapsed_misses_total", Help: "Misses that shared a concurrent identical load."}),
 		sessionsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_sessions_dropped_total", Help: "Pooled connections closed because a read/write transaction changed their session state (SET, SET ROLE)."}),
 		scopeReads:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_session_state_reads_total", Help: "Reads of a database/sql connection's roles and settings after a statement that may have changed them."}),
@@ -49,11 +62,22 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	for _, s := range []string{"l1", "node", "database"} {
 		m.reads.WithLabelValues(s)
 	}
+	for _, r := range []string{fallbackNATS, fallbackPins, fallbackVerify} {
+		m.fallbacks.WithLabelValues(r)
+	}
 	if reg != nil {
-		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.sessionsDropped, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries)
+		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.sessionsDropped, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
+			m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes)
 	}
 	return m
 }
+
+// Reasons of fallbacks (larder_client_fallbacks_total).
+const (
+	fallbackNATS   = "nats"
+	fallbackPins   = "pins"
+	fallbackVerify = "verify"
+)
 
 func (m *clientMetrics) uncacheable(reason string) {
 	m.mu.Lock()

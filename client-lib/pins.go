@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,18 +14,38 @@ import (
 )
 
 // pinTracker keeps the pincushion's pins: announced ones as they come, and
-// the list asked for at start.
+// the list asked for at start and after NATS reconnects. It also tracks
+// whether the pincushion is placing pins now: one that is alive but whose
+// commit log does not advance (its invalidator is not replicating) answers
+// verify requests only after its own wait, and a read-only transaction
+// that found no pin must not wait for it (see placing).
 type pinTracker struct {
 	mu   sync.Mutex
 	pins []invalidation.Pin // by LSN
 	sub  *nats.Subscription
+	// lastPin is when the newest pin was announced (Unix ns, local time),
+	// or taken for one learnt from a list; stalled when a verify request
+	// last went unanswered in time. A pin announced after a stall ends it.
+	lastPin, stalled atomic.Int64
+	// resumed is signalled when pins are announced again after a silence
+	// (the invalidator may have restarted: its tag sets are asked again).
+	resumed chan struct{}
+	silence time.Duration
 }
 
-func newPinTracker(ctx context.Context, nc *nats.Conn, prefix string) (*pinTracker, error) {
-	p := &pinTracker{}
+func newPinTracker(nc *nats.Conn, prefix string, silence time.Duration) (*pinTracker, error) {
+	p := &pinTracker{resumed: make(chan struct{}, 1), silence: silence}
 	sub, err := nc.Subscribe(invalidation.PinAnnounceSubject(prefix), func(m *nats.Msg) {
 		pin, err := invalidation.DecodePin(m.Data)
 		if err == nil {
+			now := time.Now()
+			if !p.placing(now) {
+				select {
+				case p.resumed <- struct{}{}:
+				default:
+				}
+			}
+			raise(&p.lastPin, now.UnixNano())
 			p.add(pin)
 		}
 	})
@@ -32,17 +53,57 @@ func newPinTracker(ctx context.Context, nc *nats.Conn, prefix string) (*pinTrack
 		return nil, fmt.Errorf("larder: subscribe to pins: %w", err)
 	}
 	p.sub = sub
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if reply, err := nc.RequestWithContext(rctx, invalidation.PinListSubject(prefix), nil); err == nil {
-		if pins, err := invalidation.DecodePinList(reply.Data); err == nil {
-			for _, pin := range pins {
-				p.add(pin)
-			}
-		}
-	}
 	return p, nil
 }
+
+// askList asks the pincushion for the pins it holds (when NATS is
+// connected; at most wait).
+func (p *pinTracker) askList(ctx context.Context, nc *nats.Conn, prefix string, wait time.Duration) {
+	if !nc.IsConnected() {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	reply, err := nc.RequestWithContext(rctx, invalidation.PinListSubject(prefix), nil)
+	if err != nil {
+		return
+	}
+	pins, err := invalidation.DecodePinList(reply.Data)
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	for _, pin := range pins {
+		p.add(pin)
+		t := pin.TakenAt
+		if t.After(now) {
+			t = now
+		}
+		raise(&p.lastPin, t.UnixNano())
+	}
+}
+
+// placing reports whether the pincushion is placing pins now: one was
+// announced within the silence, and no verify request went unanswered
+// since.
+func (p *pinTracker) placing(now time.Time) bool {
+	last := p.lastPin.Load()
+	return last != 0 && now.UnixNano()-last <= int64(p.silence) && p.stalled.Load() < last
+}
+
+// raise sets v to x unless it holds more already.
+func raise(v *atomic.Int64, x int64) {
+	for {
+		old := v.Load()
+		if old >= x || v.CompareAndSwap(old, x) {
+			return
+		}
+	}
+}
+
+// stall records a verify request that went unanswered in time: until the
+// next pin, transactions do not ask.
+func (p *pinTracker) stall(now time.Time) { p.stalled.Store(now.UnixNano()) }
 
 func (p *pinTracker) add(pin invalidation.Pin) {
 	p.mu.Lock()

@@ -57,6 +57,8 @@ type ROTx struct {
 	// fallback: no pin was usable; the transaction runs on a fresh
 	// snapshot, without the cache.
 	fallback bool
+	// returned: a result was returned (the snapshot can no longer move).
+	returned bool
 	m        *pgxTypeMap
 	done     bool
 	now      bool
@@ -86,6 +88,11 @@ func (c *Client) beginRO(ctx context.Context, staleness time.Duration, session *
 		for attempt := 0; ; attempt++ {
 			placed, err := t.takeNow(ctx, attempt == maxNowAttempts-1)
 			if err != nil {
+				// The transaction may be open: end it (on a context of
+				// its own, the caller's may be over).
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				_ = t.closeConn(cctx)
+				cancel()
 				t.release()
 				return nil, wrap("begin", "", err)
 			}
@@ -108,10 +115,21 @@ func (t *ROTx) Placed() bool { return !t.fallback }
 // takeNow opens the transaction at a fresh snapshot and asks the
 // pincushion for its exact timestamp. When it cannot be placed it is
 // closed again, unless last: then the transaction runs uncached on it (a
-// fallback, counted).
+// fallback, counted). When the pincushion cannot be asked (NATS is not
+// connected) or is placing no pins (its commit log does not advance: it
+// would only answer after its own wait), the transaction runs uncached at
+// once.
 func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
 	if err := t.begin(ctx, "", nil); err != nil {
 		return false, err
+	}
+	if !t.c.nc.IsConnected() {
+		t.fallBack(fallbackNATS)
+		return false, nil
+	}
+	if !t.c.pins.placing(time.Now()) {
+		t.fallBack(fallbackPins)
+		return false, nil
 	}
 	var xmin, xmax int64
 	var xip []int64
@@ -131,16 +149,22 @@ FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
 		req.Xip = append(req.Xip, uint64(x))
 	}
 	var reply invalidation.PinVerifyReply
-	err = errors.New("NATS is not connected")
-	if t.c.nc.IsConnected() {
-		vctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		var msg *nats.Msg
-		if msg, err = t.c.nc.RequestWithContext(vctx, invalidation.PinVerifySubject(t.c.cfg.Prefix), invalidation.EncodePinVerifyRequest(req)); err == nil {
-			reply, err = invalidation.DecodePinVerifyReply(msg.Data)
-		}
+	vctx, cancel := context.WithTimeout(ctx, t.c.cfg.PinVerifyTimeout)
+	defer cancel()
+	var msg *nats.Msg
+	if msg, err = t.c.nc.RequestWithContext(vctx, invalidation.PinVerifySubject(t.c.cfg.Prefix), invalidation.EncodePinVerifyRequest(req)); err == nil {
+		reply, err = invalidation.DecodePinVerifyReply(msg.Data)
 	}
 	if err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if vctx.Err() != nil {
+			// Unanswered in time: the pincushion is waiting for a commit
+			// log that does not advance. Until it places a pin again,
+			// transactions do not ask.
+			t.c.pins.stall(time.Now())
+		}
 		last = true // the pincushion cannot be asked: no point trying again
 	}
 	if err != nil || !reply.OK {
@@ -148,15 +172,21 @@ FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
 			_ = t.closeConn(ctx)
 			return false, nil
 		}
-		t.fallback = true
-		t.c.stats.Fallbacks.Add(1)
-		t.c.m.fallbacks.Inc()
+		t.fallBack(fallbackVerify)
 		return false, nil
 	}
 	t.fixed, t.ts, t.now = true, reply.TS, true
 	t.cands = []invalidation.Pin{{LSN: reply.TS}}
 	t.c.stats.NowSnapshots.Add(1)
 	return true, nil
+}
+
+// fallBack makes the transaction run uncached on the fresh snapshot it
+// has begun (counted, by reason).
+func (t *ROTx) fallBack(reason string) {
+	t.fallback = true
+	t.c.stats.Fallbacks.Add(1)
+	t.c.m.fallbacks.WithLabelValues(reason).Inc()
 }
 
 // begin opens the PostgreSQL transaction, at a snapshot when one is
@@ -243,7 +273,19 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 		t.c.pins.remove(pin.LSN)
 		t.cands = t.cands[:len(t.cands)-1]
 	}
-	return ErrRetry
+	if t.returned {
+		return ErrRetry
+	}
+	// Every pin is gone (the pincushion or PostgreSQL restarted) and
+	// nothing was read yet: a snapshot taken now is one the transaction
+	// could have begun at.
+	if _, err := t.takeNow(ctx, true); err != nil {
+		return err
+	}
+	if t.fixed {
+		return t.holdTables(ctx, tables)
+	}
+	return nil // a fallback: uncached
 }
 
 // Query runs a query in the transaction.
@@ -255,6 +297,7 @@ func (t *ROTx) Query(ctx context.Context, sql string, args ...any) (*Rows, error
 	if err != nil {
 		return nil, wrap("query", sql, err)
 	}
+	t.returned = true
 	return newRows(res, t.m), nil
 }
 
@@ -349,15 +392,18 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	}
 	node := t.c.node(key)
 	if node != nil {
-		r, err := node.Lookup(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: tpl.ID})
-		if err != nil {
-			t.c.stats.NodeErrors.Add(1)
-			t.c.m.nodeErrors.Inc()
-		} else if r.Miss != store.Hit {
+		// A node that fails costs at most its call's deadline, and once
+		// its breaker opens nothing: the read goes to PostgreSQL.
+		r, err := node.lookup(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: tpl.ID})
+		switch {
+		case err != nil:
+			// Failed or bypassed (counted by the node client): the read
+			// goes on as a miss, at the transaction's candidates.
+		case r.Miss != store.Hit:
 			t.c.stats.noteNodeMiss(r.Miss)
-		} else if !t.narrow(r.Lo, r.Hi) {
+		case !t.narrow(r.Lo, r.Hi):
 			t.c.stats.noteNodeMiss(store.MissConsistency) // a version, but outside the candidates
-		} else {
+		default:
 			if res, err := decodeResult(r.Value); err == nil {
 				t.trace = append(t.trace, fmt.Sprintf("node[%X,%X)@%X", r.Lo, r.Hi, r.Snapshot))
 				t.c.stats.NodeHits.Add(1)
@@ -375,6 +421,9 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	t.c.m.reads.WithLabelValues("database").Inc()
 	if err := t.fix(ctx, tables); err != nil {
 		return nil, err
+	}
+	if t.fallback { // no pin left: uncached
+		return t.onDB(ctx, sql, args)
 	}
 	// Identical misses at the same snapshot load once. Every transaction
 	// holds its tables before it loads or waits (fix), so no load waits
@@ -398,7 +447,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if t.c.l1 != nil {
 		_ = t.c.l1.Put(ctx, key, &store.Version{Lo: t.ts, Hi: t.ts + 1, Snapshot: t.ts, Value: value})
 	}
-	if node != nil {
+	if node != nil && node.usable() {
 		deps := make([]store.Dep, 0, len(qtags))
 		for _, q := range qtags {
 			deps = append(deps, store.Dep{Tag: q.Tag.String(), Table: q.Table, Reads: q.Reads, AllColumns: q.AllColumns})
@@ -407,12 +456,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		t.c.puts.Add(1)
 		go func() {
 			defer t.c.puts.Done()
-			pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := node.Put(pctx, put); err != nil {
-				t.c.stats.NodeErrors.Add(1)
-				t.c.m.nodeErrors.Inc()
-			}
+			_ = node.put(context.Background(), put) // failures are counted by the node client
 		}()
 	}
 	return res, nil

@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -19,6 +21,7 @@ import (
 	"github.com/larderdb/larder/cache-node/redisstore"
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/internal/secret"
 )
 
 // Options configure a cache-node.
@@ -30,6 +33,18 @@ type Options struct {
 	Memory   int64  // byte budget
 	Metrics  string // address of /metrics; "" for none
 	MaxFrame int
+	// TLS, when set, serves the protocol over TLS; with ClientAuth
+	// tls.RequireAndVerifyClientCert (pki.ServerTLS) a peer without a
+	// certificate from the clients' CA is refused at the handshake.
+	TLS *tls.Config
+	// NATSOptions are added to the NATS connection's options: the node's
+	// credentials (nats.NkeyOptionFromSeed) and TLS.
+	NATSOptions []nats.Option
+	// The protocol server's limits (see protocol.Server): 0 takes the
+	// default, < 0 turns the limit off.
+	MaxInFlight                            int64
+	MaxConns                               int
+	IdleTimeout, ReadTimeout, WriteTimeout time.Duration
 }
 
 // Run runs a cache-node until ctx ends; ready, if not nil, receives the
@@ -44,15 +59,16 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	nc, err := nats.Connect(o.NATS, nats.Name("larder-cache-node"), nats.MaxReconnects(-1),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("NATS", "err", err) }))
+	natsOpts := append([]nats.Option{nats.Name("larder-cache-node"), nats.MaxReconnects(-1),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("NATS", "err", err) })}, o.NATSOptions...)
+	nc, err := nats.Connect(o.NATS, natsOpts...)
 	if err != nil {
-		return fmt.Errorf("connect to NATS %s: %w", o.NATS, err)
+		return fmt.Errorf("connect to NATS %s: %w", secret.RedactURL(o.NATS), err)
 	}
 	defer nc.Close()
 
 	var n *node.Node
-	backend, err := openStore(ctx, o, func(names []string) { n.OnRelease(names) })
+	backend, err := openStore(ctx, o, log, func(names []string) { n.OnRelease(names) })
 	if err != nil {
 		return err
 	}
@@ -61,10 +77,16 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 	if err != nil {
 		return err
 	}
+	if o.Store == "memory" {
+		reg.MustRegister(overheadGauge(backend))
+	}
 
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return err
+	}
+	if o.TLS != nil {
+		ln = tls.NewListener(ln, o.TLS)
 	}
 	if o.Metrics != "" {
 		mln, err := net.Listen("tcp", o.Metrics)
@@ -78,7 +100,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 		go func() { _ = srv.Serve(mln) }()
 		defer srv.Close()
 	}
-	log.Info("serving", "addr", ln.Addr().String(), "store", storeName(o.Store), "budget", o.Memory)
+	log.Info("serving", "addr", ln.Addr().String(), "store", storeName(o.Store), "budget", o.Memory, "tls", o.TLS != nil,
+		"client_auth", o.TLS != nil && o.TLS.ClientAuth == tls.RequireAndVerifyClientCert)
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -87,7 +110,10 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 	nctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { nodeErr <- n.Run(nctx) }()
-	srv := &protocol.Server{Handler: n.Handler(), MaxFrame: o.MaxFrame, Log: log}
+	srv := &protocol.Server{Handler: n.Handler(), MaxFrame: o.MaxFrame, MaxInFlight: o.MaxInFlight,
+		MaxConns: o.MaxConns, IdleTimeout: o.IdleTimeout, ReadTimeout: o.ReadTimeout,
+		WriteTimeout: o.WriteTimeout, Log: log}
+	reg.MustRegister(srv.Collector())
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(nctx, ln) }()
 	select {
@@ -105,6 +131,26 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 	return err
 }
 
+// overheadGauge reports the memory the Go runtime holds beyond what the
+// memory store counts against its budget: the values' and keys' bytes
+// are counted, but not the maps, indexes and per-version structures
+// around them, the garbage not yet collected, nor the connections'
+// buffers. RSS is close to the budget plus this.
+func overheadGauge(b store.Backend) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "larder_node_memory_overhead_bytes",
+		Help: "Memory the Go runtime holds from the OS beyond the store's counted bytes (larder_node_bytes): indexes, structures, garbage not yet collected, connection buffers.",
+	}, func() float64 {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		st, err := b.Stats(context.Background())
+		if err != nil {
+			return -1
+		}
+		return float64(int64(ms.Sys-ms.HeapReleased) - st.Bytes)
+	})
+}
+
 func storeName(s string) string {
 	if s == "memory" {
 		return s
@@ -112,11 +158,11 @@ func storeName(s string) string {
 	return "redis"
 }
 
-func openStore(ctx context.Context, o Options, onRelease func([]string)) (store.Backend, error) {
+func openStore(ctx context.Context, o Options, log *slog.Logger, onRelease func([]string)) (store.Backend, error) {
 	if o.Store == "memory" {
 		return store.NewMemory(o.Memory, onRelease), nil
 	}
-	return openRedis(ctx, o)
+	return openRedis(ctx, o, log)
 }
 
 // openRedis fronts the Redis at o.Store, with o.Memory as its budget.
@@ -133,16 +179,19 @@ func (b redisBackend) Close() error {
 	return err
 }
 
-func openRedis(ctx context.Context, o Options) (store.Backend, error) {
+func openRedis(ctx context.Context, o Options, log *slog.Logger) (store.Backend, error) {
 	opts, err := redis.ParseURL(o.Store)
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
+	// go-redis would send CLIENT SETINFO, which a least-privilege ACL
+	// user need not be granted.
+	opts.DisableIdentity = true
 	client := redis.NewClient(opts)
-	s, err := redisstore.New(ctx, redisstore.Options{Client: client, Prefix: o.Prefix, MaxMemory: o.Memory})
+	s, err := redisstore.New(ctx, redisstore.Options{Client: client, Prefix: o.Prefix, MaxMemory: o.Memory, Log: log})
 	if err != nil {
 		client.Close()
-		return nil, fmt.Errorf("redis store %s: %w", o.Store, err)
+		return nil, fmt.Errorf("redis store %s: %w", secret.RedactURL(o.Store), err)
 	}
 	return redisBackend{Store: s, client: client}, nil
 }

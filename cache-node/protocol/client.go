@@ -3,6 +3,7 @@ package protocol
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ type Client struct {
 	addr     string
 	maxFrame int
 	dial     time.Duration
+	tls      *tls.Config // nil: plain TCP
 
 	mu   sync.Mutex
 	idle []*clientConn
@@ -27,7 +29,14 @@ type clientConn struct {
 	w   *bufio.Writer
 	buf []byte
 	out []byte
+
+	idleSince time.Time
 }
+
+// maxClientIdle: a pooled connection idle longer is closed rather than
+// used, well before the node's IdleTimeout (5 minutes by default) closes
+// it under a request.
+const maxClientIdle = time.Minute
 
 // RemoteError is an error the node reported for a request.
 type RemoteError struct{ Message string }
@@ -42,6 +51,18 @@ func NewClient(addr string, maxIdle int) *Client {
 	}
 	return &Client{addr: addr, maxFrame: DefaultMaxFrame, dial: 5 * time.Second, max: maxIdle}
 }
+
+// NewTLSClient is NewClient over TLS: cfg names the CA that signed the
+// node's certificate and carries the client's own certificate, which a
+// node that authenticates its peers requires.
+func NewTLSClient(addr string, maxIdle int, cfg *tls.Config) *Client {
+	cl := NewClient(addr, maxIdle)
+	cl.tls = cfg
+	return cl
+}
+
+// Addr is the node's address.
+func (cl *Client) Addr() string { return cl.addr }
 
 // Lookup asks the node for a version of a key.
 func (cl *Client) Lookup(ctx context.Context, q *LookupRequest) (LookupResponse, error) {
@@ -133,20 +154,38 @@ func (cl *Client) do(ctx context.Context, op byte, enc func([]byte) []byte, dec 
 
 func (cl *Client) get(ctx context.Context) (*clientConn, error) {
 	cl.mu.Lock()
-	if n := len(cl.idle); n > 0 {
+	var reuse *clientConn
+	var stale []*clientConn
+	for n := len(cl.idle); n > 0 && reuse == nil; n-- {
 		c := cl.idle[n-1]
 		cl.idle = cl.idle[:n-1]
-		cl.mu.Unlock()
-		return c, nil
+		if time.Since(c.idleSince) < maxClientIdle {
+			reuse = c
+		} else {
+			stale = append(stale, c)
+		}
 	}
 	cl.mu.Unlock()
+	for _, c := range stale {
+		c.c.Close()
+	}
+	if reuse != nil {
+		return reuse, nil
+	}
 	d := net.Dialer{Timeout: cl.dial}
-	c, err := d.DialContext(ctx, "tcp", cl.addr)
+	var c net.Conn
+	var err error
+	if cl.tls != nil {
+		td := tls.Dialer{NetDialer: &d, Config: cl.tls}
+		c, err = td.DialContext(ctx, "tcp", cl.addr) // the handshake included
+	} else {
+		c, err = d.DialContext(ctx, "tcp", cl.addr)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetNoDelay(true)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cache-node %s: %w", cl.addr, err)
-	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true)
 	}
 	return &clientConn{c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}, nil
 }
@@ -158,6 +197,7 @@ func (cl *Client) put(c *clientConn) {
 		c.c.Close()
 		return
 	}
+	c.idleSince = time.Now()
 	cl.idle = append(cl.idle, c)
 }
 

@@ -17,6 +17,12 @@
 //	stats answer     uvarint watermark, varint keys, versions, bytes, budget, evictions
 //	error answer     op 0x7f, the message
 //
+// Limits (see Server): connections at once, an idle timeout between
+// requests, a read timeout per frame (and TLS handshake), a write timeout
+// per answer, the frame size, and the request bytes in flight across
+// connections; frame buffers grow as bytes arrive. Server.Collector
+// exports what the server counts.
+//
 // Transport: plain TCP with Nagle off, one request at a time per
 // connection, a pool of connections per client. A libp2p stream (the DHT's
 // transport) adds a security handshake and a multiplexer to every

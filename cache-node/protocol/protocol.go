@@ -57,37 +57,94 @@ type StatsResponse struct {
 // byte, an op byte and the body. Bodies use uvarints, and byte strings
 // are a uvarint length and the bytes.
 
-// WriteFrame writes one frame.
+// WriteFrame writes one frame: the header, then the body, without
+// copying it (w is usually a *bufio.Writer).
 func WriteFrame(w io.Writer, op byte, body []byte) error {
-	hdr := make([]byte, 6, 6+len(body))
-	binary.BigEndian.PutUint32(hdr, uint32(2+len(body)))
+	var hdr [6]byte
+	binary.BigEndian.PutUint32(hdr[:], uint32(2+len(body)))
 	hdr[4], hdr[5] = Version, op
-	_, err := w.Write(append(hdr, body...))
+	if _, err := w.Write(hdr[:]); err != nil {
+		return err
+	}
+	if len(body) == 0 {
+		return nil
+	}
+	_, err := w.Write(body)
 	return err
 }
 
-// ReadFrame reads one frame of at most max bytes into buf (grown as
-// needed) and returns its op and body.
+// frameChunk is the most a frame reader allocates ahead of the bytes that
+// have arrived: a frame's buffer grows (doubling, from frameChunk) as its
+// body does, so a peer that declares a large frame and sends little of it
+// costs little.
+const frameChunk = 64 << 10
+
+// errTooLarge marks a frame longer than the limit.
+var errTooLarge = fmt.Errorf("%w: frame too large", ErrFrame)
+
+// ReadFrame reads one frame of at most max bytes into buf (grown as its
+// bytes arrive) and returns its op and body. A frame cut short is
+// io.ErrUnexpectedEOF; io.EOF means no frame began.
 func ReadFrame(r io.Reader, buf []byte, max int) (op byte, body, newBuf []byte, err error) {
+	n, err := readLength(r, max)
+	if err != nil {
+		return 0, nil, buf, err
+	}
+	return readBody(r, buf, n)
+}
+
+// readLength reads a frame header: the length of the rest, checked
+// against max.
+func readLength(r io.Reader, max int) (int, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return 0, nil, buf, err
+		return 0, err
 	}
-	n := int(binary.BigEndian.Uint32(hdr[:]))
-	if n < 2 || n > max {
-		return 0, nil, buf, fmt.Errorf("%w: length %d (limit %d)", ErrFrame, n, max)
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n < 2 {
+		return 0, fmt.Errorf("%w: length %d", ErrFrame, n)
 	}
-	if cap(buf) < n {
-		buf = make([]byte, n)
+	if uint64(n) > uint64(max) {
+		return 0, fmt.Errorf("%w: length %d (limit %d)", errTooLarge, n, max)
 	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return 0, nil, buf, err
+	return int(n), nil
+}
+
+// readBody reads the n bytes after a frame header into buf, growing it
+// only as bytes arrive.
+func readBody(r io.Reader, buf []byte, n int) (op byte, body, newBuf []byte, err error) {
+	if cap(buf) >= n {
+		buf = buf[:n]
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return 0, nil, buf[:0], truncated(err)
+		}
+	} else {
+		buf = buf[:0]
+		for len(buf) < n {
+			if len(buf) == cap(buf) {
+				grown := make([]byte, len(buf), min(n, max(frameChunk, 2*len(buf))))
+				copy(grown, buf)
+				buf = grown
+			}
+			m, err := io.ReadFull(r, buf[len(buf):cap(buf)])
+			buf = buf[:len(buf)+m]
+			if err != nil {
+				return 0, nil, buf[:0], truncated(err)
+			}
+		}
 	}
 	if buf[0] != Version {
 		return 0, nil, buf, fmt.Errorf("%w: version %d (this build speaks %d)", ErrFrame, buf[0], Version)
 	}
 	return buf[1], buf[2:], buf, nil
+}
+
+// truncated: after a frame's header, the end of the stream is unexpected.
+func truncated(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // AppendLookup encodes a lookup request.

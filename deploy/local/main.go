@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/larderdb/larder/internal/secret"
 )
 
 func main() {
@@ -56,9 +58,9 @@ func run(verb string, cfg Config) error {
 	sort.Strings(names)
 	fmt.Printf("Larder local stack is up (data in %s)\n", cfg.Dir)
 	for _, k := range names {
-		fmt.Printf("  %-27s %s\n", k, urls[k])
+		fmt.Printf("  %-27s %s\n", k, secret.RedactURL(urls[k]))
 	}
-	fmt.Printf("  (also written to %s)\n", s.EnvFile())
+	fmt.Printf("  (also written, with the passwords, to %s; credentials in %s)\n", s.EnvFile(), s.Creds.Dir)
 
 	if verb == "demo" {
 		r, err := s.Smoke(ctx)

@@ -55,7 +55,13 @@ func (s *Stack) Smoke(ctx context.Context) (SmokeReport, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 
-	nc, err := nats.Connect(s.NATS.URL(), nats.Timeout(5*time.Second))
+	// The operator's check uses the invalidator's credentials: its role may
+	// read every subject and make the smoke stream.
+	natsOpts, err := s.Creds.natsOptions(invalidation.RoleInvalidator)
+	if err != nil {
+		return r, err
+	}
+	nc, err := nats.Connect(s.NATS.URL(), append(natsOpts, nats.Timeout(5*time.Second))...)
 	if err != nil {
 		return r, fmt.Errorf("smoke: NATS: %w", err)
 	}
@@ -168,7 +174,11 @@ func (s *Stack) cacheRoundTrip(ctx context.Context, conn *pgx.Conn, r *SmokeRepo
 	if err != nil {
 		return fmt.Errorf("smoke: read at the pin: %w", err)
 	}
-	cl := protocol.NewClient(s.CacheNodeAddr(), 1)
+	tlsCfg, err := s.Creds.clientTLS()
+	if err != nil {
+		return err
+	}
+	cl := protocol.NewTLSClient(s.CacheNodeAddr(), 1, tlsCfg)
 	defer cl.Close()
 	key := []byte("larder-demo-count")
 	dep := store.Dep{Tag: "public.larder_demo", Table: "public.larder_demo"} // count(*) reads no column

@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/larderdb/larder/cache-node/daemon"
+	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/internal/pki"
 	"github.com/larderdb/larder/internal/servers"
 	"github.com/larderdb/larder/invalidator/service"
 	"github.com/larderdb/larder/qumaana/quma"
@@ -85,6 +87,9 @@ type Stack struct {
 	NATS  *servers.NATS
 	Redis *servers.Redis
 	dir   string
+	// Creds are the credentials the stack generated at start: every
+	// component authenticates with its own.
+	Creds Credentials
 
 	stopInvalidator context.CancelFunc
 	invalidatorDone chan error
@@ -111,6 +116,9 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("local: %w", err)
 	}
 	s := &Stack{dir: dir}
+	if s.Creds, err = newCredentials(filepath.Join(dir, "secrets"), invalidation.DefaultPrefix); err != nil {
+		return nil, fmt.Errorf("local: credentials: %w", err)
+	}
 
 	pgCfg := servers.DefaultPostgresConfig(filepath.Join(dir, "pg"))
 	pgCfg.Port = cfg.PostgresPort
@@ -118,7 +126,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("local: PostgreSQL: %w", err)
 	}
 	natsCfg := servers.DefaultNATSConfig(filepath.Join(dir, "nats"))
-	natsCfg.Port, natsCfg.Bin = cfg.NATSPort, cfg.NATSBin
+	natsCfg.Port, natsCfg.Bin, natsCfg.Users = cfg.NATSPort, cfg.NATSBin, s.Creds.NATS.Users
 	if s.NATS, err = servers.StartNATS(ctx, natsCfg); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: NATS: %w", err)
@@ -141,7 +149,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: QUMA file: %w", err)
 	}
-	if err := os.WriteFile(s.EnvFile(), []byte(s.envText()), 0o644); err != nil {
+	if err := os.WriteFile(s.EnvFile(), []byte(s.envText()), 0o600); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: %w", err)
 	}
@@ -153,6 +161,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 func (s *Stack) startInvalidator(cfg Config) error {
 	o := service.Defaults()
 	o.PG, o.NATS = s.PG.URL("postgres"), s.NATS.URL()
+	var err error
+	if o.NATSOptions, err = s.Creds.natsOptions(invalidation.RoleInvalidator); err != nil {
+		return err
+	}
 	o.QUMA = cfg.InvalidatorQUMA
 	o.Metrics = ""
 	if cfg.InvalidatorMetrics != "" {
@@ -195,6 +207,13 @@ func (s *Stack) startCacheNode(cfg Config) error {
 		budget = 256 << 20
 	}
 	o := daemon.Options{Listen: fmt.Sprintf("127.0.0.1:%d", cfg.CacheNodePort), NATS: s.NATS.URL(), Store: "memory", Memory: budget}
+	var err error
+	if o.TLS, err = pki.ServerTLS(s.Creds.NodeCert, s.Creds.NodeKey, s.Creds.CA); err != nil {
+		return err
+	}
+	if o.NATSOptions, err = s.Creds.natsOptions(invalidation.RoleCacheNode); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	s.stopNode, s.nodeDone = cancel, make(chan error, 1)
@@ -245,7 +264,11 @@ func (s *Stack) QUMAFile() string { return filepath.Join(s.dir, "quma.json") }
 func (s *Stack) DSN() string {
 	q := url.Values{}
 	q.Set("larder.nats", s.NATS.URL())
+	q.Set("larder.nats-nkey", s.Creds.NATS.Seeds[invalidation.RoleClient])
 	q.Set("larder.nodes", s.nodeAddr)
+	q.Set("larder.node-ca", s.Creds.CA)
+	q.Set("larder.node-cert", s.Creds.ClientCert)
+	q.Set("larder.node-key", s.Creds.ClientKey)
 	q.Set("larder.quma", s.QUMAFile())
 	return s.PG.URL("postgres") + "&" + q.Encode()
 }
@@ -266,8 +289,12 @@ func (s *Stack) URLs() map[string]string {
 	m := map[string]string{
 		"LARDER_PG_URL":    s.PG.URL("postgres"),
 		"LARDER_NATS_URL":  s.NATS.URL(),
-		"LARDER_REDIS_URL": s.Redis.URL(),
+		"LARDER_REDIS_URL": s.redisNodeURL(),
 	}
+	m["LARDER_NATS_NKEY"] = s.Creds.NATS.Seeds[invalidation.RoleClient]
+	m["LARDER_NODE_CA"] = s.Creds.CA
+	m["LARDER_NODE_CERT"] = s.Creds.ClientCert
+	m["LARDER_NODE_KEY"] = s.Creds.ClientKey
 	if s.nodeAddr != "" {
 		m["LARDER_CACHE_NODE"] = s.nodeAddr
 		m["LARDER_DSN"] = s.DSN()
@@ -276,6 +303,16 @@ func (s *Stack) URLs() map[string]string {
 		m["LARDER_INVALIDATOR_METRICS"] = u
 	}
 	return m
+}
+
+// redisNodeURL is the Redis URL of the cache-node's least-privilege ACL
+// user (servers.RedisCacheNodeACL: no CONFIG, only the store's keys).
+func (s *Stack) redisNodeURL() string {
+	u, err := s.Redis.URLFor(servers.RedisCacheNodeUser)
+	if err != nil {
+		return s.Redis.URL()
+	}
+	return u
 }
 
 // EnvFile is where the stack writes its URLs for other tools to source.
@@ -290,7 +327,8 @@ func (s *Stack) envText() string {
 	sort.Strings(keys)
 	var b strings.Builder
 	for _, k := range keys {
-		fmt.Fprintf(&b, "%s=%s\n", k, urls[k])
+		// Single-quoted, so that `source stack.env` keeps the DSN's '&'.
+		fmt.Fprintf(&b, "%s='%s'\n", k, strings.ReplaceAll(urls[k], "'", `'\''`))
 	}
 	return b.String()
 }

@@ -2,12 +2,47 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/internal/testenv"
 )
+
+// checkAuthentication tries the stack's servers without credentials:
+// NATS and the cache-node refuse, and the node serves the clients'
+// certificate.
+func checkAuthentication(t *testing.T, s *Stack) {
+	t.Helper()
+	if nc, err := nats.Connect(s.NATS.URL(), nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Error("NATS admitted a connection without credentials")
+	} else if !errors.Is(err, nats.ErrAuthorization) {
+		t.Errorf("NATS without credentials: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	plain := protocol.NewClient(s.CacheNodeAddr(), 1)
+	defer plain.Close()
+	if _, err := plain.Stats(ctx); err == nil {
+		t.Error("the cache-node served a plain TCP connection")
+	}
+	cfg, err := s.Creds.clientTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := protocol.NewTLSClient(s.CacheNodeAddr(), 1, cfg)
+	defer cl.Close()
+	if _, err := cl.Stats(ctx); err != nil {
+		t.Errorf("the cache-node refused the clients' certificate: %v", err)
+	}
+}
 
 // TestStackKeepsDataAcrossRestarts runs the stack twice on one folder, with
 // the standalone nats-server binary as the local stack uses it, and checks
@@ -27,8 +62,13 @@ func TestStackKeepsDataAcrossRestarts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := os.Stat(s.EnvFile()); err != nil {
-			t.Errorf("env file: %v", err)
+		// The env file is a shell file: sourcing it gives the DSN whole.
+		out, err := exec.Command("bash", "-c", `set -eu; source "$1"; printf %s "$LARDER_DSN"`, "bash", s.EnvFile()).CombinedOutput()
+		if err != nil || string(out) != s.DSN() {
+			t.Errorf("source %s: LARDER_DSN=%q (%v), want %q", s.EnvFile(), out, err, s.DSN())
+		}
+		if round == 0 {
+			checkAuthentication(t, s)
 		}
 		r, err := s.Smoke(ctx)
 		if err != nil {

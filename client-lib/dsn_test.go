@@ -1,0 +1,86 @@
+package larder
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/larderdb/larder/internal/pki"
+)
+
+// Each DSN mistake gets a clear error from ParseDSN (so at sql.Open's
+// first connection, before anything runs).
+func TestDSNMistakes(t *testing.T) {
+	dir := t.TempDir()
+	base := "postgres://h/db?larder.nats=n&larder.quma=q"
+	for param, want := range map[string]string{
+		"larder.unsafe-ignore-consistency=yes":                 "unknown DSN parameter",
+		"larder.ignore-consistency=yes":                        "unknown DSN parameter",
+		"larder.prefix=a%20b":                                  "not a valid subject prefix",
+		"larder.prefix=larder.":                                "not a valid subject prefix",
+		"larder.l1=lots":                                       "larder.l1",
+		"larder.l1=-5":                                         "larder.l1",
+		"larder.staleness=1000h":                               "more than 24h",
+		"larder.staleness=-1s":                                 "positive duration",
+		"larder.node-cert=c.pem&larder.node-key=k":             "need larder.node-ca",
+		"larder.node-ca=" + filepath.Join(dir, "missing.pem"):  "cache-node TLS",
+		"larder.nats-nkey=" + filepath.Join(dir, "missing.nk"): "larder.nats-nkey",
+	} {
+		if _, err := ParseDSN(base + "&" + param); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error saying %q", param, err, want)
+		}
+	}
+	cfg, err := ParseDSN(base + "&larder.l1=64MiB&larder.staleness=2m&larder.node-timeout=50ms&larder.node-backoff=1s&larder.pin-verify-timeout=300ms&larder.pin-silence=2s")
+	if err != nil || cfg.L1Bytes != 64<<20 || cfg.Staleness != 2*time.Minute || cfg.NodeTimeout != 50*time.Millisecond ||
+		cfg.NodeBackoff != time.Second || cfg.PinVerifyTimeout != 300*time.Millisecond || cfg.PinSilence != 2*time.Second {
+		t.Fatalf("%+v, %v", cfg, err)
+	}
+	if _, err := ParseDSN(base + "&larder.node-timeout=0s"); err == nil || !strings.Contains(err.Error(), "larder.node-timeout") {
+		t.Fatalf("larder.node-timeout=0s: %v", err)
+	}
+}
+
+// The node and NATS credentials of a DSN become the client's TLS
+// configuration and NATS options.
+func TestDSNCredentials(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := pki.NewCA("test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, ca.PEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	issued, err := ca.IssueClient("client", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, err := issued.Write(dir, "client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nk, err := pki.NewUserNkey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := filepath.Join(dir, "client.nk")
+	if err := nk.WriteSeed(seed); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseDSN("postgres://h/db?larder.nats=n&larder.quma=q&larder.node-ca=" + caFile + "&larder.node-cert=" + cert + "&larder.node-key=" + key + "&larder.nats-nkey=" + seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeTLS == nil || len(cfg.NodeTLS.Certificates) != 1 || cfg.NodeTLS.RootCAs == nil {
+		t.Fatalf("NodeTLS %+v", cfg.NodeTLS)
+	}
+	if len(cfg.NATSOptions) != 1 {
+		t.Fatalf("NATSOptions: %d", len(cfg.NATSOptions))
+	}
+	if strings.Contains(cfg.PostgresURL, "larder.") {
+		t.Fatalf("PostgresURL keeps Larder's parameters: %s", cfg.PostgresURL)
+	}
+}
