@@ -483,6 +483,12 @@ func TestOutOfOrderAfterReconnect(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// The server has the node's subscriptions again once a round trip on
+	// the node's connection is answered; only then is c a live message
+	// (published earlier, another connection's message may pass them).
+	if err := nodeConn.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	c := h.f.commit(invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"qty"}}) // live
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		r, err := h.mem.Lookup(context.Background(), []byte("k"), s, s, store.Open)
