@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -150,6 +151,11 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if o.insecure {
 		log.Warn("serving without authentication (--insecure-no-auth): anyone who can connect can read and forge cached results", "listen", o.listen)
+	}
+	if o.store == "memory" && os.Getenv("GOMEMLIMIT") == "" {
+		limit := daemon.MemoryLimit(o.memory)
+		debug.SetMemoryLimit(limit)
+		log.Info("Go memory limit", "bytes", limit, "budget", o.memory)
 	}
 	if err := daemon.Run(ctx, do, log, nil); err != nil {
 		log.Error("stopped", "err", err)

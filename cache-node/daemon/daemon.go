@@ -131,6 +131,15 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 	return err
 }
 
+// MemoryLimit is the soft limit of the Go runtime for a node process
+// with a memory budget: the budget, an eighth more for the structures
+// around the counted bytes, and 64 MiB for connections, the ghost set and
+// the runtime. The Go collector lets the heap reach twice the live data
+// before it runs (GOGC=100): with a full budget that alone doubles RSS;
+// a limit near the budget makes it collect sooner. The command sets it
+// (the process is the node's alone); GOMEMLIMIT overrides it.
+func MemoryLimit(budget int64) int64 { return budget + budget/8 + 64<<20 }
+
 // overheadGauge reports the memory the Go runtime holds beyond what the
 // memory store counts against its budget: the values' and keys' bytes
 // are counted, but not the maps, indexes and per-version structures
