@@ -118,6 +118,8 @@ type Client struct {
 	// sessions: the roles and every setting (readScope).
 	scope     atomic.Pointer[scopeQuery]
 	poolScope atomic.Pointer[sessionScope]
+	// storage is what storage checks proved (see storageFacts).
+	storage storageFacts
 }
 
 // Stats counts what the client did.

@@ -28,6 +28,9 @@ type clientMetrics struct {
 	// rewrittenRetries: transactions refused because a table they read
 	// was truncated or rewritten after their snapshot.
 	rewrittenRetries prometheus.Counter
+	// storageChecks: tables held, by the check that proved their storage
+	// (quick: from an earlier check's fact; full: the catalog join).
+	storageChecks *prometheus.CounterVec
 	// sessionsDropped: pooled connections closed because a read/write
 	// transaction changed their session state.
 	sessionsDropped prometheus.Counter
@@ -55,6 +58,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		sessionsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_sessions_dropped_total", Help: "Pooled connections closed because a read/write transaction changed their session state (SET, SET ROLE)."}),
 		scopeReads:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_session_state_reads_total", Help: "Reads of a database/sql connection's roles and settings after a statement that may have changed them."}),
 		rewrittenRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_rewritten_retries_total", Help: "Read-only transactions refused (ErrRetry) because a table they read was truncated or rewritten after their snapshot; the pins that old are dropped."}),
+		storageChecks:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_storage_checks_total", Help: "Storage checks of the tables read-only transactions hold, by kind: quick (current storage matched an earlier check's fact) or full (the catalog join)."}, []string{"kind"}),
 		planRetries:      prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_plan_retries_total", Help: "Statements run again at the same pin because a schema change replaced a cached statement's result type."}),
 		schemaReloads:    prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_schema_reloads_total", Help: "Reloads of the live catalog and of the invalidator's coverage after a schema change."}),
 		seenReasons:      map[string]bool{},
@@ -67,7 +71,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.sessionsDropped, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
-			m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes)
+			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes)
 	}
 	return m
 }

@@ -120,7 +120,7 @@ func (t *ROTx) Placed() bool { return !t.fallback }
 // would only answer after its own wait), the transaction runs uncached at
 // once.
 func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
-	if err := t.begin(ctx, "", nil); err != nil {
+	if err := t.begin(ctx, "", 0, nil); err != nil {
 		return false, err
 	}
 	if !t.c.nc.IsConnected() {
@@ -191,7 +191,7 @@ func (t *ROTx) fallBack(reason string) {
 
 // begin opens the PostgreSQL transaction, at a snapshot when one is
 // given, and holds tables (holdTables) in the same round trip.
-func (t *ROTx) begin(ctx context.Context, snapshot string, tables []string) error {
+func (t *ROTx) begin(ctx context.Context, snapshot string, ts uint64, tables []string) error {
 	// One round trip: BEGIN, SET TRANSACTION SNAPSHOT and the tables' locks
 	// as one simple query (the snapshot id comes from the pin format, which
 	// allows only [0-9A-Za-z_-]).
@@ -211,20 +211,20 @@ func (t *ROTx) begin(ctx context.Context, snapshot string, tables []string) erro
 		}
 		t.pooled, t.conn = conn, conn
 	}
-	hold, list := t.holdSQL(tables)
-	if hold == "" {
+	plan := t.planHold(tables, ts)
+	if plan == nil {
 		if _, err := t.conn.Exec(ctx, sql); err != nil {
 			_ = t.closeConn(ctx)
 			return err
 		}
 		return nil
 	}
-	results, err := pgConnOf(t.conn).Exec(ctx, sql+"; "+hold).ReadAll()
+	results, err := pgConnOf(t.conn).Exec(ctx, sql+"; "+plan.sql()).ReadAll()
 	if err != nil {
 		_ = t.closeConn(ctx)
 		return err
 	}
-	return t.checkHeld(results, tables, list)
+	return t.checkHeld(ctx, plan, results, ts)
 }
 
 // closeConn ends the PostgreSQL transaction (read-only: nothing to keep)
@@ -254,7 +254,7 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 	}
 	for len(t.cands) > 0 {
 		pin := t.cands[len(t.cands)-1]
-		err := t.begin(ctx, pin.SnapshotID, tables)
+		err := t.begin(ctx, pin.SnapshotID, pin.LSN, tables)
 		if errors.Is(err, errRewritten) {
 			t.c.pins.dropThrough(pin.LSN)
 			_ = t.closeConn(ctx)
@@ -515,7 +515,7 @@ func (t *ROTx) replan(ctx context.Context, sql string, args []any, tables []stri
 	if t.snapshot != "" {
 		t.c.m.planRetries.Inc()
 		_ = t.closeConn(ctx)
-		if err := t.begin(ctx, t.snapshot, tables); err != nil {
+		if err := t.begin(ctx, t.snapshot, t.ts, tables); err != nil {
 			return nil, err
 		}
 		if res, err := t.onDB(ctx, sql, args); !planChanged(err) {
@@ -534,60 +534,40 @@ func (t *ROTx) replan(ctx context.Context, sql string, args []any, tables []stri
 // the check finds one that came between the snapshot and the lock: the
 // pins that old are dropped and the transaction is retried (ErrRetry).
 func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
-	hold, list := t.holdSQL(tables)
-	if hold == "" {
+	plan := t.planHold(tables, t.ts)
+	if plan == nil {
 		return nil
 	}
-	results, err := pgConnOf(t.conn).Exec(ctx, hold).ReadAll()
+	results, err := pgConnOf(t.conn).Exec(ctx, plan.sql()).ReadAll()
 	if err != nil {
 		return err
 	}
-	err = t.checkHeld(results, tables, list)
+	err = t.checkHeld(ctx, plan, results, t.ts)
 	if errors.Is(err, errRewritten) {
 		t.c.pins.dropThrough(t.ts)
 	}
 	return err
 }
 
-// holdSQL returns the statements that lock the tables not held yet and
-// count those whose storage is not the snapshot's ("" when all are held),
-// and the tables' list.
-func (t *ROTx) holdSQL(tables []string) (string, string) {
-	var lock, lits []string
-	for _, name := range tables {
-		if t.held[name] {
-			continue
+// checkHeld reads the storage check (the quick one, then, if it found a
+// table's storage moved, the whole one in a second round trip; the locks
+// are held already) and marks the tables held.
+func (t *ROTx) checkHeld(ctx context.Context, plan *holdPlan, results []*pgconn.Result, ts uint64) error {
+	err := plan.check(t.c, results, ts)
+	if errors.Is(err, errStorageMoved) {
+		plan.facts = nil
+		if results, err = pgConnOf(t.conn).Exec(ctx, plan.fullSQL()).ReadAll(); err != nil {
+			return err
 		}
-		if schema, rel, ok := strings.Cut(name, "."); ok {
-			id := pgx.Identifier{schema, rel}.Sanitize()
-			lock = append(lock, id)
-			lits = append(lits, "'"+strings.ReplaceAll(id, "'", "''")+"'")
-		}
+		err = plan.check(t.c, results, ts)
 	}
-	if len(lock) == 0 {
-		return "", ""
-	}
-	list := strings.Join(lock, ", ")
-	return "LOCK TABLE " + list + " IN ACCESS SHARE MODE; " +
-		"SELECT count(*) FROM unnest(ARRAY[" + strings.Join(lits, ", ") + "]::regclass[]) AS r(oid) " +
-		"CROSS JOIN LATERAL (SELECT r.oid AS relid UNION SELECT p.relid FROM pg_catalog.pg_partition_tree(r.oid) AS p) AS t " +
-		"LEFT JOIN pg_catalog.pg_class c ON c.oid = t.relid " +
-		"WHERE c.oid IS NULL OR coalesce(pg_catalog.pg_relation_filenode(c.oid), 0) <> c.relfilenode", list
-}
-
-// checkHeld reads the storage check, the last of results.
-func (t *ROTx) checkHeld(results []*pgconn.Result, tables []string, list string) error {
-	if len(results) == 0 || len(results[len(results)-1].Rows) != 1 {
-		return fmt.Errorf("larder: unexpected answer to the storage check of %s", list)
-	}
-	if string(results[len(results)-1].Rows[0][0]) != "0" {
-		t.c.m.rewrittenRetries.Inc()
-		return fmt.Errorf("larder: %s: %w", list, errRewritten)
+	if err != nil {
+		return err
 	}
 	if t.held == nil {
 		t.held = map[string]bool{}
 	}
-	for _, name := range tables {
+	for _, name := range plan.tables {
 		t.held[name] = true
 	}
 	return nil
