@@ -13,6 +13,11 @@
 // nothing: the next run resumes from the slot and republishes,
 // de-duplicated by message id.
 //
+// Messages are handed to NATS without waiting: each asks for its own
+// acknowledgement, and the acknowledgements are counted and awaited all
+// at once, before each heartbeat (and after at most maxPending messages,
+// when a catch-up backlog holds no heartbeat).
+//
 // A message too large for NATS (a tag holding a value of megabytes) is
 // replaced by a flush of its tables rather than stop the stream.
 // WatchSlot exports the WAL the slot retains and its wal_status, also

@@ -30,7 +30,7 @@ const ackTimeout = 10 * time.Second
 // catch-up backlog has no heartbeats in it) the publisher waits for them,
 // publishes a heartbeat at the transaction just published and confirms it
 // to the slot.
-const maxPending = 4096
+const maxPending = 16384
 
 // HeartbeatPrefix is the prefix of the logical decoding messages the
 // publisher writes into the WAL as heartbeats.
@@ -155,11 +155,12 @@ type Publisher struct {
 	// replicated: this Run published a heartbeat (see Replicated).
 	replicated atomic.Bool
 
-	pending   []jetstream.PubAckFuture
+	acks      *ackPublisher // made by the first Run, on cfg.NATS
 	confirmed pglogrepl.LSN // slot position: everything before it is acknowledged
 	lastSent  time.Time     // last standby status update
 	walEnd    pglogrepl.LSN
 	buf       []byte
+	enc       encoder
 }
 
 // New checks the configuration.
@@ -213,8 +214,13 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	p.noteIdentity(checkIdentity(p.tables))
 
-	if p.js, err = jetstream.New(cfg.NATS, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(ackTimeout)); err != nil {
+	if p.js, err = jetstream.New(cfg.NATS); err != nil {
 		return fmt.Errorf("publisher: jetstream: %w", err)
+	}
+	if p.acks == nil {
+		if p.acks, err = newAckPublisher(cfg.NATS); err != nil {
+			return err
+		}
 	}
 	if err := p.ensureStream(ctx); err != nil {
 		return err
@@ -235,8 +241,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	defer repl.Close(context.Background())
 
 	// A new session: nothing of the last one carries over.
-	clear(p.pending)
-	p.pending = p.pending[:0]
+	p.acks.reset()
 	p.inTxn, p.hbTxn = false, false
 	p.cs.reset()
 	p.ddl = p.ddl[:0]
@@ -536,15 +541,31 @@ func (p *Publisher) Nudge() {
 // receive reads the replication stream until ctx ends or it fails.
 func (p *Publisher) receive(ctx context.Context, repl *pgconn.PgConn) error {
 	const statusEvery = 5 * time.Second
+	// Reads wait until the next status update is due: a read deadline on
+	// the connection, moved at each update, rather than a context with a
+	// deadline for every message (pgconn watches a context per call). The
+	// end of ctx ends a read at once.
+	conn := repl.Conn()
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Now()) })
+	defer stop()
+	defer func() { _ = conn.SetReadDeadline(time.Time{}) }()
+	var deadline time.Time
 	for {
 		if time.Since(p.lastSent) >= statusEvery {
 			if err := p.sendStatus(ctx, repl); err != nil {
 				return err
 			}
 		}
-		rctx, cancel := context.WithDeadline(ctx, p.lastSent.Add(statusEvery))
-		raw, err := repl.ReceiveMessage(rctx)
-		cancel()
+		if d := p.lastSent.Add(statusEvery); !d.Equal(deadline) {
+			if err := conn.SetReadDeadline(d); err != nil {
+				return fmt.Errorf("publisher: receive: %w", err)
+			}
+			deadline = d
+			if ctx.Err() != nil { // ended before the deadline was set
+				return nil
+			}
+		}
+		raw, err := repl.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -764,7 +785,7 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 	if len(changes) == 0 {
 		return nil
 	}
-	if len(p.pending) >= maxPending {
+	if p.acks.outstanding() >= maxPending {
 		// Every commit up to this one is published: a heartbeat here keeps
 		// memory bounded and the slot moving during a catch-up.
 		if err := p.heartbeat(ctx, uint64(m.CommitLSN), m.TransactionEndLSN); err != nil {
@@ -795,13 +816,12 @@ func (p *Publisher) publish(txn *invalidation.Txn, changes []invalidation.Change
 		}
 	}
 	for _, m := range msgs {
-		f, err := p.js.PublishMsgAsync(m, jetstream.WithMsgID(invalidation.MsgID(txn.CommitLSN, m.Subject)), jetstream.WithStallWait(30*time.Second))
-		if err != nil {
-			return fmt.Errorf("publisher: publish %s: %w", m.Subject, err)
+		p.buf = appendMsgID(p.buf[:0], txn.CommitLSN, m.subject)
+		if err := p.acks.publish(m.subject, string(p.buf), p.enc.data[m.start:m.end]); err != nil {
+			return fmt.Errorf("publisher: publish %s: %w", m.subject, err)
 		}
-		p.pending = append(p.pending, f)
-		p.m.messages.Inc()
 	}
+	p.m.messages.Add(float64(len(msgs)))
 	p.m.tags.Add(float64(len(changes)))
 	return nil
 }
@@ -821,32 +841,112 @@ func (p *Publisher) messageLimit() int {
 }
 
 // encode makes one message per subject the changes touch, in the order of
-// their first change; over lists the subjects whose message is larger
-// than limit (no message is made for them).
-func (p *Publisher) encode(txn *invalidation.Txn, changes []invalidation.Change, limit int) (msgs []*nats.Msg, over map[string]int) {
-	bySubject := map[string][]invalidation.Change{}
-	var order []string
+// their first change, into p.enc.data; over lists the subjects whose
+// message is larger than limit (no message is made for them). The
+// messages are valid until the next encode.
+func (p *Publisher) encode(txn *invalidation.Txn, changes []invalidation.Change, limit int) (msgs []encoded, over map[string]int) {
+	e := &p.enc
+	e.data = e.data[:0]
+	e.msgs = e.msgs[:0]
+	// Group the changes by subject, in the order of each subject's first
+	// change: group[i] is the group of changes[i].
+	e.group = e.group[:0]
+	e.subjects = e.subjects[:0]
+	var index map[string]int // for many changes; few are searched linearly
+	if len(changes) > 16 {
+		index = make(map[string]int, len(changes))
+	}
 	for _, c := range changes {
 		s := p.subject(c)
-		if _, ok := bySubject[s]; !ok {
-			order = append(order, s)
+		g := -1
+		if index != nil {
+			if i, ok := index[s]; ok {
+				g = i
+			} else {
+				index[s] = len(e.subjects)
+			}
+		} else {
+			for i, o := range e.subjects {
+				if o == s {
+					g = i
+					break
+				}
+			}
 		}
-		bySubject[s] = append(bySubject[s], c)
+		if g < 0 {
+			g = len(e.subjects)
+			e.subjects = append(e.subjects, s)
+		}
+		e.group = append(e.group, g)
 	}
-	for _, s := range order {
-		txn.Changes = bySubject[s]
-		p.buf = invalidation.AppendTxn(p.buf[:0], txn)
-		if len(p.buf) > limit {
+	// Place the changes group by group (a counting sort, stable).
+	e.starts = append(e.starts[:0], make([]int, len(e.subjects)+1)...)
+	for _, g := range e.group {
+		e.starts[g+1]++
+	}
+	for g := range e.subjects {
+		e.starts[g+1] += e.starts[g]
+	}
+	e.sorted = append(e.sorted[:0], make([]invalidation.Change, len(changes))...)
+	next := append(e.next[:0], e.starts[:len(e.subjects)]...)
+	for i, g := range e.group {
+		e.sorted[next[g]] = changes[i]
+		next[g]++
+	}
+	e.next = next
+	for g, s := range e.subjects {
+		txn.Changes = e.sorted[e.starts[g]:e.starts[g+1]]
+		start := len(e.data)
+		e.data = invalidation.AppendTxn(e.data, txn)
+		if n := len(e.data) - start; n > limit {
 			if over == nil {
 				over = map[string]int{}
 			}
-			over[s] = len(p.buf)
+			over[s] = n
+			e.data = e.data[:start]
 			continue
 		}
-		msgs = append(msgs, &nats.Msg{Subject: s, Data: append([]byte(nil), p.buf...)})
+		e.msgs = append(e.msgs, encoded{subject: s, start: start, end: len(e.data)})
 	}
 	txn.Changes = nil
-	return msgs, over
+	clear(e.sorted) // drop the references to the changes' strings
+	return e.msgs, over
+}
+
+// encoded is one message encode made: e.data[start:end] for subject.
+type encoded struct {
+	subject    string
+	start, end int
+}
+
+// encoder holds encode's buffers, reused from one transaction to the
+// next.
+type encoder struct {
+	data     []byte
+	msgs     []encoded
+	subjects []string
+	group    []int
+	starts   []int
+	next     []int
+	sorted   []invalidation.Change
+}
+
+// appendMsgID appends invalidation.MsgID(commitLSN, subject) to dst.
+func appendMsgID(dst []byte, commitLSN uint64, subject string) []byte {
+	const hexDigits = "0123456789ABCDEF"
+	var b [16]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = hexDigits[commitLSN&15]
+		commitLSN >>= 4
+		if commitLSN == 0 {
+			break
+		}
+	}
+	dst = append(dst, b[i:]...)
+	dst = append(dst, '/')
+	return append(dst, subject[strings.LastIndexByte(subject, '.')+1:]...)
 }
 
 // subject is the subject a change travels on.
@@ -932,27 +1032,5 @@ func (p *Publisher) heartbeat(ctx context.Context, through uint64, lsn pglogrepl
 }
 
 func (p *Publisher) awaitAcks(ctx context.Context) error {
-	if len(p.pending) == 0 {
-		return nil
-	}
-	defer func() {
-		// Whatever happened, these futures are spent: a failed session
-		// resumes from the slot and publishes them again.
-		clear(p.pending)
-		p.pending = p.pending[:0]
-	}()
-	timeout := time.NewTimer(ackTimeout)
-	defer timeout.Stop()
-	for _, f := range p.pending {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return fmt.Errorf("publisher: JetStream refused %s: %w", f.Msg().Subject, err)
-		case <-timeout.C:
-			return errors.New("publisher: JetStream acknowledgements timed out")
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
+	return p.acks.awaitAll(ctx, ackTimeout)
 }
