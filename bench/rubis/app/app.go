@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	larder "github.com/larderdb/larder/client-lib"
 )
 
 // Config configures the application.
@@ -27,6 +30,9 @@ type Config struct {
 	UseSQLNow bool
 	// Clock is the time source (default time.Now).
 	Clock func() time.Time
+	// Log receives the errors of failed interactions (answered 500);
+	// slog.Default() when nil.
+	Log *slog.Logger
 }
 
 // App is the RUBiS web application.
@@ -143,6 +149,13 @@ func (a *App) serve(name string, h func(*req) error) http.HandlerFunc {
 			if q.status == http.StatusOK {
 				q.status = http.StatusInternalServerError
 			}
+			if q.status >= http.StatusInternalServerError {
+				log := a.cfg.Log
+				if log == nil {
+					log = slog.Default()
+				}
+				log.Error("interaction failed", "interaction", name, "err", err)
+			}
 			http.Error(w, name+": "+err.Error(), q.status)
 			return
 		}
@@ -170,8 +183,24 @@ func (a *App) endDateFilter(col string, n int, args *[]any) string {
 	return fmt.Sprintf("%s >= $%d", col, n)
 }
 
-// read runs f in a read-only transaction.
+// read runs f in a read-only transaction. Larder may ask for a
+// transaction to be run again (larder.ErrRetry: the snapshots its cached
+// reads agreed on were released before it needed PostgreSQL); f starts
+// over, a few times at most, as an application would.
 func (a *App) read(q *req, f func(tx *sql.Tx) error) error {
+	const attempts = 3
+	sections, message := len(q.page.Sections), q.page.Message
+	for i := 1; ; i++ {
+		err := a.readOnce(q, f)
+		if i == attempts || !errors.Is(err, larder.ErrRetry) {
+			return err
+		}
+		// The attempt's output is dropped.
+		q.page.Sections, q.page.Message = q.page.Sections[:sections], message
+	}
+}
+
+func (a *App) readOnce(q *req, f func(tx *sql.Tx) error) error {
 	tx, err := a.cfg.DB.BeginTx(a.cfg.ReadContext(q.ctx), &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return err

@@ -60,7 +60,7 @@ func main() {
 }
 
 // larderModes are the modes through Larder.
-var larderModes = []string{"larder", "larder-client-ryw", "larder-nocons", "local-only"}
+var larderModes = []string{"larder", "larder-l1", "larder-client-ryw", "larder-nocons", "local-only"}
 
 // modeURLs are the --mode-url modes: name → PostgreSQL URL.
 type modeURLs map[string]string
@@ -103,7 +103,7 @@ type bench struct {
 
 func run() error {
 	envFile := flag.String("env", ".larder-local/stack.env", "the local stack's env file (LARDER_PG_URL, LARDER_DSN)")
-	modes := flag.String("modes", "direct,larder,larder-nocons,local-only", "modes, comma-separated (also larder-client-ryw: larder without per-user sessions)")
+	modes := flag.String("modes", "direct,larder,larder-nocons,local-only", "modes, comma-separated (also larder-l1: larder with a 256 MiB L1 in the application; larder-client-ryw: larder without per-user sessions)")
 	urls := modeURLs{}
 	flag.Var(urls, "mode-url", "name=postgres://…: a mode that runs the application directly, like direct, on another PostgreSQL (added to --modes; repeatable; direct=… moves the baseline)")
 	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
@@ -409,6 +409,9 @@ func modeDSN(mode, label string, env map[string]string) string {
 		// The ablation that measures what consistency costs.
 		larder.EnableUnsafeBenchmarkAblation()
 		q.Set(larder.UnsafeAblationParam, "true")
+	case "larder-l1":
+		// The node and each application instance's L1 in front of it.
+		q.Set("larder.l1", strconv.Itoa(256<<20))
 	case "local-only":
 		q.Del("larder.nodes")
 		q.Set("larder.l1", strconv.Itoa(256<<20))
