@@ -60,6 +60,9 @@ type Node struct {
 	watermark  uint64
 	hbTime     time.Time
 	groups     map[string]*group // by name
+	// awaiting are the groups marked awaitingHB (some may since have
+	// been dropped): a heartbeat takes them without a pass over groups.
+	awaiting []*group
 	bySubject  map[string]*group
 	subs       map[string]*nats.Subscription // by subject
 	reconnects uint64
@@ -253,7 +256,7 @@ func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 	if msg == n.marker {
 		n.markerSent = false
 		for _, g := range n.toConfirm {
-			g.awaitingHB = true
+			n.awaitLocked(g)
 		}
 		n.toConfirm = n.toConfirm[:0]
 		return nil
@@ -295,19 +298,21 @@ func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 			}
 		}
 		var ready []*group
-		for _, g := range n.groups {
-			if g.awaitingHB {
+		for _, g := range n.awaiting {
+			if g.awaitingHB && n.groups[g.name] == g {
 				g.awaitingHB = false
 				ready = append(ready, g)
 			}
 		}
+		clear(n.awaiting)
+		n.awaiting = n.awaiting[:0]
 		if len(ready) > 0 {
 			select {
 			case n.confirmCh <- ready:
 			default:
 				n.cfg.Log.Warn("confirmation queue full; groups stay unconfirmed until their next put")
 				for _, g := range ready {
-					g.awaitingHB = true
+					n.awaitLocked(g)
 				}
 			}
 		}
@@ -678,13 +683,21 @@ func streamFloor(ctx context.Context, s jetstream.Stream) (uint64, error) {
 	return lsnAt(ctx, s, info.State.FirstSeq)
 }
 
+// awaitLocked marks g to be confirmed after the next heartbeat.
+func (n *Node) awaitLocked(g *group) {
+	if !g.awaitingHB {
+		g.awaitingHB = true
+		n.awaiting = append(n.awaiting, g)
+	}
+}
+
 func (n *Node) retryLater(batch []*group, err error) {
 	n.m.errors.WithLabelValues("confirm").Inc()
 	n.cfg.Log.Warn("cannot confirm groups yet", "groups", len(batch), "err", err)
 	n.mu.Lock()
 	for _, g := range batch {
 		if n.groups[g.name] == g {
-			g.awaitingHB = true // the next heartbeat tries again
+			n.awaitLocked(g) // the next heartbeat tries again
 		}
 	}
 	n.mu.Unlock()

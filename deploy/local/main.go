@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sort"
 	"syscall"
 	"time"
@@ -42,6 +43,19 @@ func main() {
 }
 
 func run(verb string, cfg Config) error {
+	// LARDER_CPUPROFILE profiles the stack's own process (the invalidator
+	// and the cache-node run in it) until it stops: for the benchmarks.
+	if path := os.Getenv("LARDER_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	s, err := Start(ctx, cfg)
