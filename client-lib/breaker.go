@@ -72,13 +72,19 @@ type nodeClient struct {
 	closedAt time.Time // when the breaker last closed after a probe
 }
 
+// nodeIdleConns is how many idle connections a client keeps to each
+// node. A connection beyond it is closed when its request is done, so a
+// busy client (reads and asynchronous puts) that kept fewer would open a
+// new one, with its TLS handshake, for much of its requests.
+const nodeIdleConns = 64
+
 func newNodeClient(c *Client, addr string) *nodeClient {
 	n := &nodeClient{addr: addr, c: c, backoff: c.cfg.NodeBackoff}
 	n.newConn = func() *protocol.Client {
 		if c.cfg.NodeTLS != nil {
-			return protocol.NewTLSClient(addr, 8, c.cfg.NodeTLS)
+			return protocol.NewTLSClient(addr, nodeIdleConns, c.cfg.NodeTLS)
 		}
-		return protocol.NewClient(addr, 8)
+		return protocol.NewClient(addr, nodeIdleConns)
 	}
 	n.cl = n.newConn()
 	c.m.nodeState.WithLabelValues(addr).Set(float64(nodeClosed))
