@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
@@ -56,13 +57,13 @@ type Node struct {
 	events chan *nats.Msg
 	marker *nats.Msg // a pointer pushed into events after a flush
 
-	mu         sync.Mutex
-	watermark  uint64
-	hbTime     time.Time
-	groups     map[string]*group // by name
+	mu        sync.Mutex
+	watermark uint64
+	hbTime    time.Time
+	groups    map[string]*group // by name
 	// awaiting are the groups marked awaitingHB (some may since have
 	// been dropped): a heartbeat takes them without a pass over groups.
-	awaiting []*group
+	awaiting   []*group
 	bySubject  map[string]*group
 	subs       map[string]*nats.Subscription // by subject
 	reconnects uint64
@@ -610,19 +611,20 @@ func (n *Node) confirmLoop(ctx context.Context) {
 		}
 		lasts := make([]last, len(batch))
 		failed := false
+		var found map[string]*jetstream.RawStreamMsg
+		if skipJetStreamCheckForTest {
+			floor = 0
+		} else if found, err = n.lastMessages(ctx, stream, batch); err != nil {
+			n.retryLater(batch, err)
+			continue
+		}
 		for i, g := range batch {
 			if skipJetStreamCheckForTest {
-				floor = 0
 				continue
 			}
-			raw, err := stream.GetLastMsgForSubject(ctx, g.subject)
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
+			raw := found[g.subject]
+			if raw == nil {
 				continue
-			}
-			if err != nil {
-				n.retryLater(batch, err)
-				failed = true
-				break
 			}
 			d, err := invalidation.Decode(raw.Data)
 			if err != nil || d.Txn == nil {
@@ -668,6 +670,71 @@ func (n *Node) confirmLoop(ctx context.Context) {
 		}
 		n.mu.Unlock()
 	}
+}
+
+// lastMultiMax bounds the subjects of one multi_last direct get (the
+// server answers at most 1 024 messages a request).
+const lastMultiMax = 512
+
+// lastMessages returns the last message JetStream holds on each group's
+// subject (absent: none). It asks for many subjects at once (a direct get
+// with multi_last) when the stream allows direct gets, and one at a time
+// otherwise, or for the subjects a batch answer did not reach (its
+// byte limit).
+func (n *Node) lastMessages(ctx context.Context, stream jetstream.Stream, batch []*group) (map[string]*jetstream.RawStreamMsg, error) {
+	found := make(map[string]*jetstream.RawStreamMsg, len(batch))
+	var subjects []string
+	seen := make(map[string]bool, len(batch))
+	for _, g := range batch {
+		if !seen[g.subject] {
+			seen[g.subject] = true
+			subjects = append(subjects, g.subject)
+		}
+	}
+	var rest []string // subjects to ask one at a time
+	if info := stream.CachedInfo(); info == nil || !info.Config.AllowDirect {
+		rest = subjects
+	} else {
+		for len(subjects) > 0 {
+			chunk := subjects[:min(len(subjects), lastMultiMax)]
+			subjects = subjects[len(chunk):]
+			msgs, err := jetstreamext.GetLastMsgsFor(ctx, n.js, info.Config.Name, chunk)
+			if err != nil {
+				return nil, err
+			}
+			complete := true
+			for m, err := range msgs {
+				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					break // none of the chunk's subjects has a message
+				}
+				if err != nil {
+					return nil, err
+				}
+				found[m.Subject] = m
+				// The server stops at its byte limit; what it did not
+				// send is pending.
+				complete = m.Header.Get("Nats-Num-Pending") == "0"
+			}
+			if !complete {
+				for _, s := range chunk {
+					if found[s] == nil {
+						rest = append(rest, s)
+					}
+				}
+			}
+		}
+	}
+	for _, s := range rest {
+		raw, err := stream.GetLastMsgForSubject(ctx, s)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		found[s] = raw
+	}
+	return found, nil
 }
 
 // streamFloor is the LSN of the oldest message JetStream still holds:

@@ -48,6 +48,7 @@ func newFake(t *testing.T, nc *nats.Conn) *fakeInvalidator {
 	}
 	if _, err := f.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{
 		Name: invalidation.StreamName(f.prefix), Subjects: invalidation.StreamSubjects(f.prefix), Storage: jetstream.FileStorage,
+		AllowDirect: true, // as the invalidator makes it
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/larderdb/larder/internal/invalidation"
 )
@@ -92,7 +93,7 @@ func testNATSRoles(t *testing.T, bin string) {
 		t.Fatal(err)
 	}
 	stream := invalidation.StreamName(prefix)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: invalidation.StreamSubjects(prefix), Storage: jetstream.MemoryStorage}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: invalidation.StreamSubjects(prefix), Storage: jetstream.MemoryStorage, AllowDirect: true}); err != nil {
 		t.Fatalf("invalidator creates its stream: %v", err)
 	}
 
@@ -159,6 +160,17 @@ func testNATSRoles(t *testing.T, bin string) {
 	}
 	if _, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{}); err != nil {
 		t.Fatalf("node makes an ordered consumer: %v", err)
+	}
+	// The last messages of many subjects at once (a direct get), as a
+	// node confirms new groups.
+	msgs, err := jetstreamext.GetLastMsgsFor(ctx, njs, stream, []string{invalidation.HeartbeatSubject(prefix)})
+	if err != nil {
+		t.Fatalf("node's direct get: %v", err)
+	}
+	for m, err := range msgs {
+		if err != nil || string(m.Data) != "genuine" {
+			t.Fatalf("node's direct get: %v %v", m, err)
+		}
 	}
 	dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
 	defer dcancel()

@@ -477,6 +477,9 @@ func (p *Publisher) ensureStream(ctx context.Context) error {
 		Storage:     storage,
 		MaxAge:      p.cfg.StreamMaxAge,
 		Duplicates:  2 * time.Minute,
+		// Cache-nodes read the last message of many subjects at once
+		// (a direct get with multi_last) when they subscribe to groups.
+		AllowDirect: true,
 	})
 	if err != nil {
 		return fmt.Errorf("publisher: stream %s: %w", invalidation.StreamName(p.cfg.SubjectPrefix), err)

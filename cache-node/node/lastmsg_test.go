@@ -1,0 +1,69 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// lastMessages finds each subject's last message, or none, the same way
+// whether the stream allows direct gets (many subjects a request, in
+// chunks) or not (one request a subject).
+func TestLastMessages(t *testing.T) {
+	nc, err := nats.Connect(env.NATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const subjects = lastMultiMax + 200 // two chunks
+	for _, direct := range []bool{true, false} {
+		name := fmt.Sprintf("LASTMSG_%v_%d", direct, seq.Add(1))
+		prefix := fmt.Sprintf("lastmsg%d", seq.Add(1))
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"}, Storage: jetstream.MemoryStorage, AllowDirect: direct})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var batch []*group
+		want := map[string]string{}
+		for i := 0; i < subjects; i++ {
+			subj := fmt.Sprintf("%s.s%d", prefix, i)
+			batch = append(batch, &group{subject: subj})
+			if i%3 == 0 {
+				continue // no message
+			}
+			for k := 0; k <= i%4; k++ {
+				body := fmt.Sprintf("%d-%d", i, k)
+				if _, err := js.Publish(ctx, subj, []byte(body)); err != nil {
+					t.Fatal(err)
+				}
+				want[subj] = body
+			}
+		}
+		batch = append(batch, batch[1]) // a subject twice
+		stream, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &Node{js: js}
+		got, err := n.lastMessages(ctx, stream, batch)
+		if err != nil {
+			t.Fatalf("direct=%v: %v", direct, err)
+		}
+		if len(got) != len(want) {
+			t.Errorf("direct=%v: %d subjects found, want %d", direct, len(got), len(want))
+		}
+		for subj, body := range want {
+			if m := got[subj]; m == nil || string(m.Data) != body {
+				t.Errorf("direct=%v: %s: %v, want %q", direct, subj, m, body)
+			}
+		}
+	}
+}
