@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/larderdb/larder/internal/invalidation"
 )
 
 // lastMessages finds each subject's last message, or none, the same way
@@ -66,4 +69,70 @@ func TestLastMessages(t *testing.T) {
 			}
 		}
 	}
+}
+
+// The floor follows the stream's first message: cached while it is the
+// same message, read again once older messages are gone or the stream
+// was made anew (its sequence numbers start over).
+func TestFloorCache(t *testing.T) {
+	nc, err := nats.Connect(env.NATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	prefix := fmt.Sprintf("floor%d", seq.Add(1))
+	name := invalidation.StreamName(prefix)
+	cfg := jetstream.StreamConfig{Name: name, Subjects: invalidation.StreamSubjects(prefix), Storage: jetstream.MemoryStorage}
+	heartbeat := func(lsn uint64) {
+		if _, err := js.Publish(ctx, invalidation.HeartbeatSubject(prefix), invalidation.AppendHeartbeat(nil, invalidation.Heartbeat{LSN: lsn, Time: time.Now()})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	heartbeat(100)
+	heartbeat(200)
+	stream, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fc floorCache
+	want := func(step string, lsn uint64) {
+		t.Helper()
+		if got, err := fc.of(ctx, stream); err != nil || got != lsn {
+			t.Fatalf("%s: floor %d, %v; want %d", step, got, err, lsn)
+		}
+	}
+	want("first", 100)
+	heartbeat(300)
+	want("a newer message does not move it", 100)
+	if err := stream.Purge(ctx, jetstream.WithPurgeKeep(1)); err != nil {
+		t.Fatal(err)
+	}
+	want("older messages gone", 300)
+	if err := js.DeleteStream(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	heartbeat(400)
+	want("the stream made anew", 400)
+	// Made anew again: its first sequence number is 1 as before, but
+	// the message is another.
+	if err := js.DeleteStream(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // a creation time of its own
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	heartbeat(500)
+	want("the stream made anew, same first sequence", 500)
 }

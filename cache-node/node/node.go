@@ -587,6 +587,11 @@ func (n *Node) sendMarker() {
 // waited for it.
 func (n *Node) confirmLoop(ctx context.Context) {
 	name := invalidation.StreamName(n.cfg.Prefix)
+	var (
+		stream jetstream.Stream // kept across batches
+		floors floorCache
+		err    error
+	)
 	for {
 		var batch []*group
 		select {
@@ -594,13 +599,15 @@ func (n *Node) confirmLoop(ctx context.Context) {
 			return
 		case batch = <-n.confirmCh:
 		}
-		stream, err := n.js.Stream(ctx, name)
-		if err != nil {
-			n.retryLater(batch, err)
-			continue
+		if stream == nil {
+			if stream, err = n.js.Stream(ctx, name); err != nil {
+				n.retryLater(batch, err)
+				continue
+			}
 		}
-		floor, err := streamFloor(ctx, stream)
+		floor, err := floors.of(ctx, stream)
 		if err != nil {
+			stream = nil // looked up again next time
 			n.retryLater(batch, err)
 			continue
 		}
@@ -737,9 +744,19 @@ func (n *Node) lastMessages(ctx context.Context, stream jetstream.Stream, batch 
 	return found, nil
 }
 
-// streamFloor is the LSN of the oldest message JetStream still holds:
-// invalidations after it are all in the stream.
-func streamFloor(ctx context.Context, s jetstream.Stream) (uint64, error) {
+// floorCache finds the LSN of the oldest message JetStream still holds
+// (invalidations after it are all in the stream) for a loop that asks
+// often: the stream's state is read each time (the floor only rises as
+// messages age out), but the LSN of its first message only when that
+// message is another (a sequence number of the same stream, made at the
+// same time, always names the same message).
+type floorCache struct {
+	created  time.Time
+	firstSeq uint64
+	lsn      uint64
+}
+
+func (fc *floorCache) of(ctx context.Context, s jetstream.Stream) (uint64, error) {
 	info, err := s.Info(ctx)
 	if err != nil {
 		return 0, err
@@ -747,7 +764,15 @@ func streamFloor(ctx context.Context, s jetstream.Stream) (uint64, error) {
 	if info.State.Msgs == 0 {
 		return 0, errors.New("the invalidation stream is empty")
 	}
-	return lsnAt(ctx, s, info.State.FirstSeq)
+	if fc.lsn != 0 && info.State.FirstSeq == fc.firstSeq && info.Created.Equal(fc.created) {
+		return fc.lsn, nil
+	}
+	lsn, err := lsnAt(ctx, s, info.State.FirstSeq)
+	if err != nil {
+		return 0, err
+	}
+	fc.created, fc.firstSeq, fc.lsn = info.Created, info.State.FirstSeq, lsn
+	return lsn, nil
 }
 
 // awaitLocked marks g to be confirmed after the next heartbeat.
