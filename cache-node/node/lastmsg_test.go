@@ -12,19 +12,26 @@ import (
 	"github.com/larderdb/larder/internal/invalidation"
 )
 
-// lastMessages finds each subject's last message, or none, the same way
-// whether the stream allows direct gets (many subjects a request, in
-// chunks) or not (one request a subject).
-func TestLastMessages(t *testing.T) {
+// jetStreamFor is a JetStream context on a connection of the test's own.
+func jetStreamFor(t *testing.T) jetstream.JetStream {
+	t.Helper()
 	nc, err := nats.Connect(env.NATS.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js
+}
+
+// lastMessages finds each subject's last message, or none, the same way
+// whether the stream allows direct gets (many subjects a request, in
+// chunks) or not (one request a subject).
+func TestLastMessages(t *testing.T) {
+	js := jetStreamFor(t)
 	ctx := context.Background()
 	const subjects = lastMultiMax + 200 // two chunks
 	for _, direct := range []bool{true, false} {
@@ -75,15 +82,7 @@ func TestLastMessages(t *testing.T) {
 // same message, read again once older messages are gone or the stream
 // was made anew (its sequence numbers start over).
 func TestFloorCache(t *testing.T) {
-	nc, err := nats.Connect(env.NATS.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStreamFor(t)
 	ctx := context.Background()
 	prefix := fmt.Sprintf("floor%d", seq.Add(1))
 	name := invalidation.StreamName(prefix)
