@@ -24,6 +24,7 @@ import (
 const (
 	DefaultSubjectPrefix = "larder"
 	DefaultInterval      = 200 * time.Millisecond
+	DefaultDemandGap     = 20 * time.Millisecond
 	DefaultMaxStaleness  = 60 * time.Second
 	DefaultBudget        = 32
 	DefaultWaitTimeout   = 5 * time.Second
@@ -45,6 +46,12 @@ type Config struct {
 	SubjectPrefix string
 	// Interval between two candidate pins; 100–250 ms in production.
 	Interval time.Duration
+	// DemandGap: a verify request (a client found no pin recent enough,
+	// typically right after its session wrote) asks for a candidate pin
+	// at once rather than at the next Interval, at most one per DemandGap,
+	// so that the session's next transactions find one. Negative: only
+	// every Interval.
+	DemandGap time.Duration
 	// MaxStaleness is how long a pin is kept after it was taken.
 	MaxStaleness time.Duration
 	// Budget is the number of pins (each an open connection) held at
@@ -96,6 +103,8 @@ type Cushion struct {
 
 	mu   sync.Mutex
 	held []*heldPin // oldest first
+
+	demand chan struct{} // a verify request asks for a pin soon
 }
 
 type heldPin struct {
@@ -108,6 +117,7 @@ type metrics struct {
 	held      prometheus.Gauge
 	taken     prometheus.Counter
 	discarded prometheus.Counter
+	demanded  prometheus.Counter
 	verify    *prometheus.CounterVec
 }
 
@@ -122,6 +132,9 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		discarded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "larder_pincushion_pins_discarded_total", Help: "Candidate snapshots discarded as not exact or not verifiable.",
 		}),
+		demanded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "larder_pincushion_pins_demanded_total", Help: "Candidate pins taken before their interval because a verify request asked (at most one per DemandGap).",
+		}),
 		verify: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "larder_pincushion_verify_requests_total", Help: "Snapshot verify requests, by result (exact, refused, bad).",
 		}, []string{"result"}),
@@ -129,7 +142,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.verify} {
+	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.demanded, m.verify} {
 		if err := reg.Register(c); err != nil {
 			return metrics{}, fmt.Errorf("pincushion: register metrics: %w", err)
 		}
@@ -164,6 +177,9 @@ func New(cfg Config, log *CommitLog) (*Cushion, error) {
 	if cfg.WaitTimeout == 0 {
 		cfg.WaitTimeout = DefaultWaitTimeout
 	}
+	if cfg.DemandGap == 0 {
+		cfg.DemandGap = DefaultDemandGap
+	}
 	if cfg.Interval < 0 || cfg.MaxStaleness < 0 || cfg.WaitTimeout < 0 || cfg.Budget < 0 {
 		return nil, fmt.Errorf("pincushion: Interval %s, MaxStaleness %s, WaitTimeout %s and Budget %d must be positive",
 			cfg.Interval, cfg.MaxStaleness, cfg.WaitTimeout, cfg.Budget)
@@ -191,7 +207,7 @@ func New(cfg Config, log *CommitLog) (*Cushion, error) {
 	if cfg.Interval < 100*time.Millisecond || cfg.Interval > 250*time.Millisecond {
 		cfg.Log.Warn("pincushion: interval outside the 100-250ms range it is meant for", "interval", cfg.Interval)
 	}
-	return &Cushion{cfg: cfg, log: log, conn: cc, logger: cfg.Log, m: m}, nil
+	return &Cushion{cfg: cfg, log: log, conn: cc, logger: cfg.Log, m: m, demand: make(chan struct{}, 1)}, nil
 }
 
 // Pins returns the pins held now, oldest first.
@@ -218,6 +234,12 @@ func (c *Cushion) Stats() Stats {
 // pg_current_wal_insert_lsn() read after it: it waits (at most
 // WaitTimeout) for the commit log to reach w, then applies Verify.
 func (c *Cushion) VerifySnapshot(ctx context.Context, snap Snapshot, w uint64) (ts uint64, ok bool, reason string) {
+	if c.cfg.DemandGap > 0 {
+		select {
+		case c.demand <- struct{}{}:
+		default: // asked already
+		}
+	}
 	wctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
 	defer cancel()
 	if c.cfg.Nudge != nil && c.log.ThroughLSN() < w {
@@ -255,11 +277,21 @@ func (c *Cushion) Run(ctx context.Context) error {
 	ticker := time.NewTicker(c.cfg.Interval)
 	defer ticker.Stop()
 	for {
+		last := time.Now()
 		c.attempt(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
+		case <-c.demand:
+			c.m.demanded.Inc()
+			if wait := c.cfg.DemandGap - time.Since(last); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(wait):
+				}
+			}
 		}
 	}
 }
