@@ -528,7 +528,8 @@ func readsOf(mode, label string, env map[string]string) map[string]int64 {
 	}
 	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load(),
 		"miss-compulsory": st.NodeMisses[store.MissCompulsory].Load(), "miss-staleness": st.NodeMisses[store.MissStaleness].Load(),
-		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load()}
+		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load(),
+		"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load()}
 }
 
 // postmasterPID reads the PID of PostgreSQL's postmaster from its data
