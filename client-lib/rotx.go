@@ -220,11 +220,17 @@ func (t *ROTx) begin(ctx context.Context, snapshot string, ts uint64, tables []s
 		return nil
 	}
 	results, err := pgConnOf(t.conn).Exec(ctx, sql+"; "+plan.sql()).ReadAll()
+	if err == nil {
+		err = t.checkHeld(ctx, plan, results, ts)
+	}
 	if err != nil {
+		// Whatever failed (a check's second round trip cut short by the
+		// caller's deadline, say), the transaction holds locks: it ends
+		// here, and a later attempt begins anew.
 		_ = t.closeConn(ctx)
 		return err
 	}
-	return t.checkHeld(ctx, plan, results, ts)
+	return nil
 }
 
 // closeConn ends the PostgreSQL transaction (read-only: nothing to keep)
@@ -556,6 +562,9 @@ func (t *ROTx) checkHeld(ctx context.Context, plan *holdPlan, results []*pgconn.
 	err := plan.check(t.c, results, ts)
 	if errors.Is(err, errStorageMoved) {
 		plan.facts = nil
+		if beforeFullCheckForTest != nil {
+			beforeFullCheckForTest()
+		}
 		if results, err = pgConnOf(t.conn).Exec(ctx, plan.fullSQL()).ReadAll(); err != nil {
 			return err
 		}

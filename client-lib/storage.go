@@ -76,6 +76,10 @@ type holdPlan struct {
 	facts  []storageFact
 }
 
+// beforeFullCheckForTest, when set, runs before the whole check that
+// follows a quick check finding a table's storage moved.
+var beforeFullCheckForTest func()
+
 // errStorageMoved: the quick check found a table's storage is not the
 // one an earlier check recorded; the whole check decides.
 var errStorageMoved = errors.New("storage moved since the last check")

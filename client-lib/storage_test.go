@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -64,5 +65,62 @@ func TestStorageFacts(t *testing.T) {
 	want("old snapshot, the fact is newer", hold(before, 100), errRewritten, 2, 4)
 	if !errors.Is(errRewritten, ErrRetry) {
 		t.Fatal("errRewritten is not an ErrRetry")
+	}
+}
+
+// A transaction whose storage check fails after its locks were taken (the
+// whole check, after the quick one found the storage moved, cut short by
+// the caller's deadline) ends there: its connection goes back to the pool
+// and its locks with it, so that a later TRUNCATE does not wait for ever.
+func TestFailedStorageCheckReleasesTheConnection(t *testing.T) {
+	s := startStackWith(t, `CREATE TABLE pets (id int PRIMARY KEY, name text NOT NULL); ALTER TABLE pets REPLICA IDENTITY FULL`,
+		"INSERT INTO pets VALUES (1, 'rex')", "SELECT name FROM pets WHERE id = $1")
+	c := s.client(t, 0)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		t.Fatal(err)
+	}
+	var snapshot string
+	if err := conn.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&snapshot); err != nil {
+		t.Fatal(err)
+	}
+	tables := []string{"public.pets"}
+	first := &ROTx{c: c}
+	if err := first.begin(ctx, snapshot, 100, tables); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.closeConn(ctx)
+	// The storage moves (the fact is now out of date); the whole check
+	// that follows is cut short.
+	if _, err := s.conn.Exec(ctx, "TRUNCATE pets"); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	beforeFullCheckForTest = cancel
+	defer func() { beforeFullCheckForTest = nil }()
+	tx := &ROTx{c: c}
+	if err := tx.begin(cctx, snapshot, 100, tables); err == nil {
+		t.Fatal("the cut-short check passed")
+	}
+	if tx.conn != nil || tx.pooled != nil {
+		t.Fatal("the transaction kept its connection after its check failed")
+	}
+	// (A connection released mid-transaction is closed, in the
+	// background.)
+	for deadline := time.Now().Add(10 * time.Second); c.pool.Stat().AcquiredConns() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pooled connections still acquired", c.pool.Stat().AcquiredConns())
+		}
+	}
+	// Nothing holds the table: a TRUNCATE goes through at once.
+	tctx, tcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer tcancel()
+	if _, err := s.conn.Exec(tctx, "TRUNCATE pets"); err != nil {
+		t.Fatalf("TRUNCATE after the failed check: %v", err)
 	}
 }

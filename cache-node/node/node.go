@@ -605,12 +605,7 @@ func (n *Node) confirmLoop(ctx context.Context) {
 				continue
 			}
 		}
-		floor, err := floors.of(ctx, stream)
-		if err != nil {
-			stream = nil // looked up again next time
-			n.retryLater(batch, err)
-			continue
-		}
+
 		type last struct {
 			lsn     uint64
 			changes []invalidation.Change
@@ -619,11 +614,26 @@ func (n *Node) confirmLoop(ctx context.Context) {
 		lasts := make([]last, len(batch))
 		failed := false
 		var found map[string]*jetstream.RawStreamMsg
-		if skipJetStreamCheckForTest {
-			floor = 0
-		} else if found, err = n.lastMessages(ctx, stream, batch); err != nil {
+		if !skipJetStreamCheckForTest {
+			if found, err = n.lastMessages(ctx, stream, batch); err != nil {
+				n.retryLater(batch, err)
+				continue
+			}
+		}
+		// The floor is read after the last messages: one that aged out
+		// in between only raises it (a floor read first could claim
+		// completeness from before a message it then did not see).
+		floor, err := floors.of(ctx, stream)
+		if err != nil {
+			stream = nil // looked up again next time
 			n.retryLater(batch, err)
 			continue
+		}
+		if ctx.Err() != nil {
+			return // answers cut short by the end of the node prove nothing
+		}
+		if skipJetStreamCheckForTest {
+			floor = 0
 		}
 		for i, g := range batch {
 			if skipJetStreamCheckForTest {
@@ -683,6 +693,10 @@ func (n *Node) confirmLoop(ctx context.Context) {
 // server answers at most 1 024 messages a request).
 const lastMultiMax = 512
 
+// lastMultiTimeout bounds the wait for a multi_last answer; one that
+// does not come whole in time is completed one subject at a time.
+var lastMultiTimeout = 5 * time.Second
+
 // lastMessages returns the last message JetStream holds on each group's
 // subject (absent: none). It asks for many subjects at once (a direct get
 // with multi_last) when the stream allows direct gets, and one at a time
@@ -705,23 +719,32 @@ func (n *Node) lastMessages(ctx context.Context, stream jetstream.Stream, batch 
 		for len(subjects) > 0 {
 			chunk := subjects[:min(len(subjects), lastMultiMax)]
 			subjects = subjects[len(chunk):]
-			msgs, err := jetstreamext.GetLastMsgsFor(ctx, n.js, info.Config.Name, chunk)
+			// An answer is complete only when it says so: the server's
+			// "no messages", or a last message with nothing pending after
+			// it. An answer that stops short (the server's byte limit, a
+			// late reply: the request gives up without an error, a
+			// subscription closed under it) leaves the chunk's other
+			// subjects to be asked one at a time, which reports errors.
+			rctx, cancel := context.WithTimeout(ctx, lastMultiTimeout)
+			msgs, err := jetstreamext.GetLastMsgsFor(rctx, n.js, info.Config.Name, chunk)
 			if err != nil {
+				cancel()
 				return nil, err
 			}
-			complete := true
+			complete := false
 			for m, err := range msgs {
 				if errors.Is(err, jetstreamext.ErrNoMessages) {
-					break // none of the chunk's subjects has a message
+					complete = true // none of the chunk's subjects has a message
+					break
 				}
 				if err != nil {
+					cancel()
 					return nil, err
 				}
 				found[m.Subject] = m
-				// The server stops at its byte limit; what it did not
-				// send is pending.
 				complete = m.Header.Get("Nats-Num-Pending") == "0"
 			}
+			cancel()
 			if !complete {
 				for _, s := range chunk {
 					if found[s] == nil {

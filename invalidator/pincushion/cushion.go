@@ -234,12 +234,6 @@ func (c *Cushion) Stats() Stats {
 // pg_current_wal_insert_lsn() read after it: it waits (at most
 // WaitTimeout) for the commit log to reach w, then applies Verify.
 func (c *Cushion) VerifySnapshot(ctx context.Context, snap Snapshot, w uint64) (ts uint64, ok bool, reason string) {
-	if c.cfg.DemandGap > 0 {
-		select {
-		case c.demand <- struct{}{}:
-		default: // asked already
-		}
-	}
 	wctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
 	defer cancel()
 	if c.cfg.Nudge != nil && c.log.ThroughLSN() < w {
@@ -371,6 +365,15 @@ func (c *Cushion) handleVerify(ctx context.Context, m *nats.Msg) {
 	if err != nil {
 		c.respondVerify(m, invalidation.PinVerifyReply{Reason: "bad request: " + err.Error()}, "bad")
 		return
+	}
+	// A client found no pin recent enough: ask for one now (the
+	// cushion's own candidates are verified with VerifySnapshot too, and
+	// must not ask).
+	if c.cfg.DemandGap > 0 {
+		select {
+		case c.demand <- struct{}{}:
+		default: // asked already
+		}
 	}
 	snap := Snapshot{Xmin: req.Xmin, Xmax: req.Xmax, Xip: req.Xip}
 	ts, ok, reason := c.VerifySnapshot(ctx, snap, req.InsertLSN)
