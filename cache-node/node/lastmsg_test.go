@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
 )
 
@@ -144,4 +145,49 @@ func TestFloorCache(t *testing.T) {
 	}
 	heartbeat(500)
 	want("the stream made anew, same first sequence", 500)
+}
+
+// An invalidator that restarts with a new tag column set publishes that
+// set's tags only from its new session on. A subject without messages
+// then proves nothing about the time before the session's epoch: a
+// result computed before a change the old session published under other
+// tags must not be served past that change, nor a newer result before
+// the epoch.
+func TestEpochBoundsCompleteness(t *testing.T) {
+	for _, withEpoch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("epoch=%v", withEpoch), func(t *testing.T) {
+			h := newHarness(t)
+			s := h.f.now()
+			// The old session: seller 7's item changes, published under
+			// the only set it had, items(id).
+			c := h.f.commit(invalidation.Change{Tag: "public.items(id)=9", Columns: []string{"seller"}})
+			epoch := c + 5
+			if withEpoch {
+				b := invalidation.AppendTxn(nil, &invalidation.Txn{CommitLSN: epoch, EndLSN: epoch, CommitTime: time.Now(),
+					Changes: []invalidation.Change{{Tag: "epoch"}}})
+				if _, err := h.f.js.Publish(context.Background(), invalidation.EpochSubject(h.f.prefix), b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l := h.f.commit(invalidation.Change{Tag: "public.other", Rows: true})
+			h.waitWatermark(l)
+			bySeller := store.Dep{Tag: "public.items(seller)=7", Table: "public.items", Reads: []string{"seller"}}
+			h.put("before", s, bySeller) // computed before the change
+			h.put("after", l, bySeller)  // computed after it
+			h.served("before", s)
+			stale := 0
+			if r := h.lookup("before", c, l); r.Miss == store.Hit {
+				stale++ // served after the change it does not reflect
+			}
+			if r := h.lookup("after", s, c-1); r.Miss == store.Hit {
+				stale++ // served before the change it reflects
+			}
+			if withEpoch && stale > 0 {
+				t.Fatalf("%d stale answers with the epoch", stale)
+			}
+			if !withEpoch && stale == 0 {
+				t.Fatal("without an epoch the subscription check trusted the empty subject, yet nothing was stale: the test cannot fail")
+			}
+		})
+	}
 }

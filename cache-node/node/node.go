@@ -614,8 +614,10 @@ func (n *Node) confirmLoop(ctx context.Context) {
 		lasts := make([]last, len(batch))
 		failed := false
 		var found map[string]*jetstream.RawStreamMsg
+		epochSubject := invalidation.EpochSubject(n.cfg.Prefix)
 		if !skipJetStreamCheckForTest {
-			if found, err = n.lastMessages(ctx, stream, batch); err != nil {
+			// The groups' subjects and the invalidator's last epoch.
+			if found, err = n.lastMessages(ctx, stream, append(batch[:len(batch):len(batch)], &group{subject: epochSubject})); err != nil {
 				n.retryLater(batch, err)
 				continue
 			}
@@ -635,6 +637,18 @@ func (n *Node) confirmLoop(ctx context.Context) {
 		if skipJetStreamCheckForTest {
 			floor = 0
 		}
+		// Nothing is known complete from before the invalidator's last
+		// session began: it may have published other tag sets then.
+		var epoch uint64
+		if raw := found[epochSubject]; raw != nil {
+			d, err := invalidation.Decode(raw.Data)
+			if err != nil || d.Txn == nil {
+				n.retryLater(batch, fmt.Errorf("epoch message: %v", err))
+				continue
+			}
+			epoch = d.Txn.CommitLSN
+		}
+		floor = max(floor, epoch)
 		for i, g := range batch {
 			if skipJetStreamCheckForTest {
 				continue
@@ -662,7 +676,7 @@ func (n *Node) confirmLoop(ctx context.Context) {
 			g.confirmed = true
 			since := floor
 			if lasts[i].found {
-				since = lasts[i].lsn - 1
+				since = max(lasts[i].lsn-1, epoch)
 			}
 			g.completeSince = max(g.completeSince, since)
 			if lasts[i].found {

@@ -28,6 +28,19 @@ func TagSubject(prefix, tag string) string { return prefix + ".inv." + hashName(
 // FlushSubject returns the subject of a table's flushes.
 func FlushSubject(prefix, table string) string { return prefix + ".inv." + hashName("flush:"+table) }
 
+// EpochSubject carries, in the stream, a message the invalidator
+// publishes when a replication session starts, before any other of the
+// session: a Txn whose CommitLSN is the LSN the session resumes from.
+// Commits after it are published under the session's configuration (its
+// tag column sets); what came before may have been published under
+// another. A cache-node therefore never counts a group's history as
+// complete from before the last epoch: a subject without messages may
+// simply not have been published then.
+func EpochSubject(prefix string) string { return prefix + ".inv." + hashName("epoch:") }
+
+// EpochMsgID is the JetStream message id of a session's epoch message.
+func EpochMsgID(lsn uint64) string { return fmt.Sprintf("epoch/%X", lsn) }
+
 // TagSetsSubject answers requests with the tables the invalidator covers
 // and the tag column sets it publishes (JSON: {"schema.table": [["col",
 // …], …]}, [] for a covered table without sets). A table absent is not

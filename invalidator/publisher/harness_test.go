@@ -38,9 +38,10 @@ type harness struct {
 	prefix string
 	slot   string
 
-	msgs chan invalidation.Message
-	stop func() error
-	cc   jetstream.ConsumeContext
+	msgs   chan invalidation.Message
+	epochs chan []byte // the sessions' epoch messages
+	stop   func() error
+	cc     jetstream.ConsumeContext
 }
 
 func newHarness(t *testing.T, ddl string) *harness {
@@ -63,6 +64,7 @@ func newHarness(t *testing.T, ddl string) *harness {
 	}
 	t.Cleanup(h.nc.Close)
 	h.msgs = make(chan invalidation.Message, 1<<16)
+	h.epochs = make(chan []byte, 1<<10)
 	return h
 }
 
@@ -119,6 +121,10 @@ func (h *harness) start(cfg Config) {
 		c, err := js.OrderedConsumer(context.Background(), invalidation.StreamName(h.prefix), jetstream.OrderedConsumerConfig{})
 		if err == nil {
 			h.cc, err = c.Consume(func(m jetstream.Msg) {
+				if m.Subject() == invalidation.EpochSubject(h.prefix) {
+					h.epochs <- m.Data() // a session's epoch, not a transaction
+					return
+				}
 				d, err := invalidation.Decode(m.Data())
 				if err != nil {
 					h.t.Errorf("undecodable message on %s: %v", m.Subject(), err)
@@ -144,6 +150,18 @@ func (h *harness) start(cfg Config) {
 		select {
 		case m := <-h.msgs:
 			if m.Heartbeat != nil {
+				// The session's epoch is in the stream before its first
+				// heartbeat (cache-nodes rely on it), at a position the
+				// heartbeat covers.
+				select {
+				case b := <-h.epochs:
+					e, err := invalidation.Decode(b)
+					if err != nil || e.Txn == nil || e.Txn.CommitLSN > m.Heartbeat.LSN {
+						h.t.Fatalf("epoch %+v (%v) before the heartbeat at %X", e.Txn, err, m.Heartbeat.LSN)
+					}
+				default:
+					h.t.Fatal("a heartbeat came before the session's epoch")
+				}
 				return
 			}
 		case <-done:

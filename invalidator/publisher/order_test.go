@@ -424,6 +424,10 @@ func (h *harness) readStream() {
 		c, err := js.OrderedConsumer(context.Background(), invalidation.StreamName(h.prefix), jetstream.OrderedConsumerConfig{})
 		if err == nil {
 			h.cc, err = c.Consume(func(m jetstream.Msg) {
+				if m.Subject() == invalidation.EpochSubject(h.prefix) {
+					h.epochs <- m.Data() // a session's epoch, not a transaction
+					return
+				}
 				d, err := invalidation.Decode(m.Data())
 				if err != nil {
 					h.t.Errorf("undecodable message on %s: %v", m.Subject(), err)

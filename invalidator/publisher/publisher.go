@@ -262,6 +262,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 		return p.slotFailed(ctx, fmt.Errorf("publisher: start replication from %s: %w", start, err))
 	}
 	p.confirmed = start
+	if err := p.publishEpoch(ctx, uint64(start)); err != nil {
+		return err
+	}
 	cfg.Log.Info("replicating", "slot", cfg.Slot, "publication", cfg.Publication, "from", start.String(), "tables", len(p.tables))
 
 	hbCtx, stopHB := context.WithCancel(ctx)
@@ -463,6 +466,21 @@ func (p *Publisher) slotFailed(ctx context.Context, err error) error {
 		return errors.Join(err, errSlotLost, derr)
 	}
 	return errors.Join(err, errSlotLost)
+}
+
+// publishEpoch publishes the session's epoch (invalidation.EpochSubject)
+// and waits for JetStream to store it, before anything else of the
+// session: a cache-node that sees a heartbeat of this session finds it.
+func (p *Publisher) publishEpoch(ctx context.Context, start uint64) error {
+	data := invalidation.AppendTxn(nil, &invalidation.Txn{CommitLSN: start, EndLSN: start, CommitTime: time.Now(),
+		Changes: []invalidation.Change{{Tag: "epoch"}}})
+	if err := p.acks.publish(invalidation.EpochSubject(p.cfg.SubjectPrefix), invalidation.EpochMsgID(start), data); err != nil {
+		return fmt.Errorf("publisher: epoch: %w", err)
+	}
+	if err := p.acks.awaitAll(ctx, ackTimeout); err != nil {
+		return fmt.Errorf("publisher: epoch: %w", err)
+	}
+	return nil
 }
 
 func (p *Publisher) ensureStream(ctx context.Context) error {
