@@ -61,9 +61,6 @@ func NewTLSClient(addr string, maxIdle int, cfg *tls.Config) *Client {
 	return cl
 }
 
-// Addr is the node's address.
-func (cl *Client) Addr() string { return cl.addr }
-
 // Lookup asks the node for a version of a key.
 func (cl *Client) Lookup(ctx context.Context, q *LookupRequest) (LookupResponse, error) {
 	var res LookupResponse
