@@ -73,6 +73,8 @@ type holdPlan struct {
 	tables []string // schema.table, not held yet
 	list   string   // their quoted names, comma-separated
 	lits   []string // their names as regclass literals
+	nsps   []string // their schemas, as text literals
+	names  []string // their names, as text literals
 	facts  []storageFact
 }
 
@@ -97,6 +99,8 @@ func (t *ROTx) planHold(tables []string, ts uint64) *holdPlan {
 			p.tables = append(p.tables, name)
 			quoted = append(quoted, id)
 			p.lits = append(p.lits, "'"+strings.ReplaceAll(id, "'", "''")+"'::regclass")
+			p.nsps = append(p.nsps, textLiteral(schema))
+			p.names = append(p.names, textLiteral(rel))
 		}
 	}
 	if len(p.tables) == 0 {
@@ -127,13 +131,22 @@ func (p *holdPlan) currentSQL() string {
 
 // fullSQL counts the tables (and partitions) whose storage is not the
 // snapshot's, then reads the tables' current storage (to learn from).
+//
+// A table counts too when the snapshot knew its OID under another name:
+// the statement names tables as the catalog does now, so after two
+// tables swapped names an old snapshot would read the other one's rows.
 func (p *holdPlan) fullSQL() string {
-	return "SELECT count(*) FROM unnest(ARRAY[" + strings.Join(p.lits, ", ") + "]) AS r(oid) " +
+	return "SELECT count(*) FROM unnest(ARRAY[" + strings.Join(p.lits, ", ") + "], ARRAY[" + strings.Join(p.nsps, ", ") + "]::text[], ARRAY[" +
+		strings.Join(p.names, ", ") + "]::text[]) AS r(oid, nsp, rel) " +
 		"CROSS JOIN LATERAL (SELECT r.oid AS relid UNION SELECT p.relid FROM pg_catalog.pg_partition_tree(r.oid) AS p) AS t " +
 		"LEFT JOIN pg_catalog.pg_class c ON c.oid = t.relid " +
-		"WHERE c.oid IS NULL OR coalesce(pg_catalog.pg_relation_filenode(c.oid), 0) <> c.relfilenode; " +
+		"WHERE c.oid IS NULL OR coalesce(pg_catalog.pg_relation_filenode(c.oid), 0) <> c.relfilenode " +
+		"OR (t.relid = r.oid AND (c.relname <> r.rel OR c.relnamespace <> (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = r.nsp))); " +
 		p.currentSQL()
 }
+
+// textLiteral quotes s as an SQL string literal.
+func textLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // check reads the answer to sql (the last one or two of results).
 func (p *holdPlan) check(c *Client, results []*pgconn.Result, ts uint64) error {

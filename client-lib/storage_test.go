@@ -124,3 +124,45 @@ func TestFailedStorageCheckReleasesTheConnection(t *testing.T) {
 		t.Fatalf("TRUNCATE after the failed check: %v", err)
 	}
 }
+
+// Two tables that swap names after a snapshot: a statement names tables
+// as the catalog does now, so at the old snapshot it would read the
+// other table's rows. The check refuses (ErrRetry), by the full check
+// and through the quick one.
+func TestTablesSwappedByName(t *testing.T) {
+	s := startStackWith(t, `CREATE TABLE cats (id int PRIMARY KEY, name text NOT NULL); ALTER TABLE cats REPLICA IDENTITY FULL;
+CREATE TABLE dogs (id int PRIMARY KEY, name text NOT NULL); ALTER TABLE dogs REPLICA IDENTITY FULL`,
+		"INSERT INTO cats VALUES (1, 'tom'); INSERT INTO dogs VALUES (1, 'rex')", "SELECT name FROM cats WHERE id = $1")
+	c := s.client(t, 0)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		t.Fatal(err)
+	}
+	var snapshot string
+	if err := conn.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&snapshot); err != nil {
+		t.Fatal(err)
+	}
+	hold := func() error {
+		tx := &ROTx{c: c}
+		defer func() { _ = tx.closeConn(ctx) }()
+		return tx.begin(ctx, snapshot, 100, []string{"public.cats"})
+	}
+	if err := hold(); err != nil { // records a fact for public.cats
+		t.Fatal(err)
+	}
+	if _, err := s.conn.Exec(ctx, "ALTER TABLE cats RENAME TO tmp; ALTER TABLE dogs RENAME TO cats; ALTER TABLE tmp RENAME TO dogs"); err != nil {
+		t.Fatal(err)
+	}
+	if err := hold(); !errors.Is(err, errRewritten) {
+		t.Fatalf("after the swap, at the old snapshot: %v, want a refusal", err)
+	}
+	c.storage = storageFacts{} // and by the full check alone
+	if err := hold(); !errors.Is(err, errRewritten) {
+		t.Fatalf("after the swap, at the old snapshot, no facts: %v, want a refusal", err)
+	}
+}
