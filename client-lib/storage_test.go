@@ -21,21 +21,6 @@ func TestStorageFacts(t *testing.T) {
 		"INSERT INTO pets VALUES (1, 'rex')", "SELECT name FROM pets WHERE id = $1")
 	c := s.client(t, 0)
 	ctx := context.Background()
-	export := func() (string, *pgx.Conn) {
-		conn, err := pgx.Connect(ctx, s.url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close(context.Background()) })
-		var id string
-		if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
-			t.Fatal(err)
-		}
-		if err := conn.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		return id, conn
-	}
 	tables := []string{"public.pets"}
 	quick, full := c.m.storageChecks.WithLabelValues("quick"), c.m.storageChecks.WithLabelValues("full")
 	hold := func(snapshot string, ts uint64) error {
@@ -52,14 +37,14 @@ func TestStorageFacts(t *testing.T) {
 			t.Fatalf("%s: %v quick and %v full checks, want %v and %v", step, gq, gf, q, f)
 		}
 	}
-	before, _ := export()
+	before := exportSnapshot(t, s.url)
 	want("first at the old snapshot", hold(before, 100), nil, 0, 1)
 	want("again", hold(before, 100), nil, 1, 1)
 	if _, err := s.conn.Exec(ctx, "TRUNCATE pets"); err != nil {
 		t.Fatal(err)
 	}
 	want("old snapshot after the TRUNCATE", hold(before, 100), errRewritten, 1, 2)
-	after, _ := export()
+	after := exportSnapshot(t, s.url)
 	want("new snapshot", hold(after, 200), nil, 1, 3)
 	want("new snapshot again", hold(after, 200), nil, 2, 3)
 	want("old snapshot, the fact is newer", hold(before, 100), errRewritten, 2, 4)
@@ -77,18 +62,7 @@ func TestFailedStorageCheckReleasesTheConnection(t *testing.T) {
 		"INSERT INTO pets VALUES (1, 'rex')", "SELECT name FROM pets WHERE id = $1")
 	c := s.client(t, 0)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, s.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
-		t.Fatal(err)
-	}
-	var snapshot string
-	if err := conn.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&snapshot); err != nil {
-		t.Fatal(err)
-	}
+	snapshot := exportSnapshot(t, s.url)
 	tables := []string{"public.pets"}
 	first := &ROTx{c: c}
 	if err := first.begin(ctx, snapshot, 100, tables); err != nil {
@@ -135,18 +109,7 @@ CREATE TABLE dogs (id int PRIMARY KEY, name text NOT NULL); ALTER TABLE dogs REP
 		"INSERT INTO cats VALUES (1, 'tom'); INSERT INTO dogs VALUES (1, 'rex')", "SELECT name FROM cats WHERE id = $1")
 	c := s.client(t, 0)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, s.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
-		t.Fatal(err)
-	}
-	var snapshot string
-	if err := conn.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&snapshot); err != nil {
-		t.Fatal(err)
-	}
+	snapshot := exportSnapshot(t, s.url)
 	hold := func() error {
 		tx := &ROTx{c: c}
 		defer func() { _ = tx.closeConn(ctx) }()
@@ -165,4 +128,24 @@ CREATE TABLE dogs (id int PRIMARY KEY, name text NOT NULL); ALTER TABLE dogs REP
 	if err := hold(); !errors.Is(err, errRewritten) {
 		t.Fatalf("after the swap, at the old snapshot, no facts: %v, want a refusal", err)
 	}
+}
+
+// exportSnapshot exports a snapshot from a transaction of its own, held
+// open until the test ends.
+func exportSnapshot(t *testing.T, url string) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	var id string
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
