@@ -41,8 +41,13 @@ type Config struct {
 	// credentials (nats.NkeyOptionFromSeed, nats.UserCredentials) and TLS.
 	NATSOptions []nats.Option
 	// QUMA is the qumaana solution file (analyze --format json): the schema
-	// and the tag column sets the invalidator publishes.
+	// and the tag column sets the queries key on. Sets the invalidator does
+	// not publish are registered with it at run time; results use them once
+	// it does (each from its effective LSN on).
 	QUMA string
+	// NoRegisterTagSets turns that registration off: results that would
+	// key on a set the invalidator does not publish use the table tag.
+	NoRegisterTagSets bool
 	// Staleness is the default staleness limit of read-only transactions.
 	Staleness time.Duration
 	// L1Bytes is the in-process cache's byte budget (0: no L1).
@@ -91,6 +96,10 @@ type Client struct {
 	epoch      atomic.Uint64
 	fileSchema *quma.Schema
 	wantSets   map[string][][]string
+	// registered holds the sets asked of the invalidator (SetName), so
+	// each is asked once.
+	regMu      sync.Mutex
+	registered map[string]bool
 	stop       chan struct{}
 	bg         sync.WaitGroup
 	// ctx ends when the client closes (background requests use it).
@@ -193,7 +202,7 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("larder: %s: %w", cfg.QUMA, err)
 	}
-	c := &Client{cfg: cfg, m: newClientMetrics(cfg.Metrics), wake: make(chan struct{}, 1)}
+	c := &Client{cfg: cfg, m: newClientMetrics(cfg.Metrics), wake: make(chan struct{}, 1), registered: map[string]bool{}}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.maps.New = func() any { return &pgxTypeMap{pgtype.NewMap()} }
 	if cfg.L1Bytes > 0 {

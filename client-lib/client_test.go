@@ -657,13 +657,15 @@ func TestErrorsWrapPostgres(t *testing.T) {
 }
 
 // A tag column set the invalidator does not publish is never keyed on:
-// the client asks the invalidator which sets it publishes.
+// the client asks the invalidator which sets it publishes (see
+// tagsets_test.go for sets registered at run time).
 func TestOnlyPublishedTagSetsAreUsed(t *testing.T) {
 	const byVer = "SELECT id FROM accounts WHERE ver = $1"
 	s := startStackWith(t, schemaSQL, "INSERT INTO accounts (id, balance) VALUES (1, 100)", readBalance, byVer)
 	// The QUMA file keys byVer on accounts(ver); the invalidator, started
-	// without it, publishes the primary key only.
-	c := s.client(t, 0)
+	// without it, publishes the primary key only, and the client does not
+	// register the set.
+	c := s.openWith(t, []string{s.node}, 0, true, func(c *Config) { c.NoRegisterTagSets = true })
 	for _, c2 := range []struct {
 		sql   string
 		keyed bool

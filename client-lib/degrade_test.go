@@ -638,7 +638,7 @@ func keyedOn(t *testing.T, c *Client, sql string) bool {
 func TestTagSetsFollowInvalidatorRestart(t *testing.T) {
 	const byVer = "SELECT id FROM accounts WHERE ver = $1"
 	s := startStackWith(t, schemaSQL, "INSERT INTO accounts (id, balance) VALUES (1, 100), (2, 100), (3, 100), (4, 100)", readBalance, byVer)
-	c := s.openWith(t, []string{s.node}, 0, true, nil)
+	c := s.openWith(t, []string{s.node}, 0, true, func(c *Config) { c.NoRegisterTagSets = true })
 	ctx := context.Background()
 	read := func(ctx context.Context) (map[int]int, error) { return roBalances(ctx, c, 0) }
 	for deadline := time.Now().Add(30 * time.Second); !keyedOn(t, c, readBalance); time.Sleep(20 * time.Millisecond) {

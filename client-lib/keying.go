@@ -27,7 +27,11 @@ type keying struct {
 	// nil while it has not said (then nothing is cached).
 	covered map[string]bool
 	// have is the invalidator's answer the keying was made with (nil: none).
-	have   map[string][][]string
+	have *invalidation.TagSetsReply
+	// from holds the effective LSN of each set registered at run time, by
+	// invalidation.SetName: a result keyed on it must be computed at or
+	// after it.
+	from   map[string]uint64
 	mu     sync.Mutex
 	byPath map[string]*quma.Analyzer // by search path
 }
@@ -67,6 +71,25 @@ func (k *keying) uncovered(tables []string) (string, bool) {
 	return "", false
 }
 
+// publishedAt reports whether every keyed tag of qtags is of a set the
+// invalidator published at ts: every change after ts travels on its
+// subject. A set registered at run time is published from its effective
+// LSN on; a result computed at an older snapshot must not be keyed on it.
+func (k *keying) publishedAt(qtags []quma.QueryTag, ts uint64) bool {
+	if len(k.from) == 0 {
+		return true
+	}
+	for _, q := range qtags {
+		if q.IsTable() {
+			continue
+		}
+		if from, ok := k.from[invalidation.SetName(q.Table, q.Columns)]; ok && ts < from {
+			return false
+		}
+	}
+	return true
+}
+
 // coveredOf lists the tables of deps the invalidator covers (and that
 // therefore exist in the catalog the client read).
 func (k *keying) coveredOf(deps []quma.Dep) []string {
@@ -82,9 +105,11 @@ func (k *keying) coveredOf(deps []quma.Dep) []string {
 // loadKeying reads the live catalog and takes the invalidator's answer
 // have (nil: it has not said) on which tables and tag column sets it
 // publishes. The QUMA file's sets are used where the invalidator
-// publishes them; fileSchema is the schema the file was computed with
-// (differences are logged: the live catalog is what counts).
-func (c *Client) loadKeying(ctx context.Context, have map[string][][]string) (*keying, error) {
+// publishes them; the others are registered with it (unless
+// Config.NoRegisterTagSets)
+// and used once it publishes them. fileSchema is the schema the file was
+// computed with (differences are logged: the live catalog is what counts).
+func (c *Client) loadKeying(ctx context.Context, reply *invalidation.TagSetsReply) (*keying, error) {
 	live, err := readCatalog(ctx, c.pool)
 	if err != nil {
 		return nil, err
@@ -95,26 +120,119 @@ func (c *Client) loadKeying(ctx context.Context, have map[string][][]string) (*k
 		}
 	}
 	k := &keying{schema: live, byPath: map[string]*quma.Analyzer{}}
-	if have == nil {
+	if reply == nil {
 		c.cfg.Log.Warn("larder: the invalidator has not said which tables and tag column sets it publishes: nothing is cached until it does")
 		return k, nil
 	}
+	have := reply.Tables
 	k.covered = map[string]bool{}
 	k.sets = map[string][][]string{}
-	k.have = have
+	k.have, k.from = reply, reply.From
 	for table := range have {
 		k.covered[table] = true
 	}
+	missing := map[string][][]string{}
 	for table, sets := range c.wantSets {
 		for _, set := range sets {
 			if containsSet(have[table], set) {
 				k.sets[table] = append(k.sets[table], set)
 			} else if k.covered[table] {
-				c.cfg.Log.Warn("larder: the invalidator does not publish this tag column set; results use the table tag instead", "table", table, "columns", strings.Join(set, ","))
+				missing[table] = append(missing[table], set)
 			}
 		}
 	}
+	if len(missing) > 0 {
+		c.registerLater(missing)
+	}
 	return k, nil
+}
+
+// registerLater registers with the invalidator, in the background, the
+// tag column sets the QUMA file keys on and the invalidator does not
+// publish (once per set and client; a refused set is logged with the
+// invalidator's reason and not asked for again). Until they are
+// published, results that would key on them use the table tag.
+func (c *Client) registerLater(missing map[string][][]string) {
+	ask := map[string][][]string{}
+	c.regMu.Lock()
+	for table, sets := range missing {
+		for _, set := range sets {
+			name := invalidation.SetName(table, set)
+			if c.registered[name] {
+				continue
+			}
+			c.registered[name] = true
+			ask[table] = append(ask[table], set)
+		}
+	}
+	c.regMu.Unlock()
+	if len(ask) == 0 {
+		return
+	}
+	if c.cfg.NoRegisterTagSets {
+		for table, sets := range ask {
+			for _, set := range sets {
+				c.cfg.Log.Warn("larder: the invalidator does not publish this tag column set, and registering it is off; results use the table tag instead", "set", invalidation.SetName(table, set))
+			}
+		}
+		return
+	}
+	c.goBackground(func() { c.register(c.ctx, ask) })
+}
+
+// register asks the invalidator to publish sets and, when it does, reloads
+// the keying with its answer.
+func (c *Client) register(ctx context.Context, sets map[string][][]string) {
+	forget := func() {
+		c.regMu.Lock()
+		for table, ss := range sets {
+			for _, set := range ss {
+				delete(c.registered, invalidation.SetName(table, set))
+			}
+		}
+		c.regMu.Unlock()
+	}
+	b, _ := json.Marshal(&invalidation.TagSetsRegistration{Sets: sets})
+	rctx, cancel := context.WithTimeout(ctx, 35*time.Second)
+	defer cancel()
+	msg, err := c.nc.RequestWithContext(rctx, invalidation.TagSetsRegisterSubject(c.cfg.Prefix), b)
+	if err != nil {
+		// Asked again at the next reload (the invalidator's restart, a
+		// schema change, NATS back).
+		forget()
+		c.m.registrations.WithLabelValues("failed").Inc()
+		c.cfg.Log.Warn("larder: registering tag column sets with the invalidator failed; results use the table tag until it succeeds", "err", err)
+		return
+	}
+	var out invalidation.TagSetsRegistered
+	if err := json.Unmarshal(msg.Data, &out); err != nil || out.Error != "" {
+		forget()
+		c.m.registrations.WithLabelValues("failed").Inc()
+		c.cfg.Log.Warn("larder: the invalidator did not register the tag column sets; results use the table tag instead", "err", err, "reason", out.Error)
+		return
+	}
+	for name, why := range out.Refused {
+		c.m.registrations.WithLabelValues("refused").Inc()
+		c.cfg.Log.Warn("larder: the invalidator refused to publish a tag column set; results use the table tag instead", "set", name, "reason", why)
+	}
+	for _, w := range out.Warnings {
+		c.cfg.Log.Info("larder: tag column set registration", "note", w)
+	}
+	c.m.registrations.WithLabelValues("registered").Add(float64(countSets(sets) - len(out.Refused)))
+	c.cfg.Log.Info("larder: tag column sets registered with the invalidator", "sets", countSets(sets)-len(out.Refused), "effective_lsn", fmt.Sprintf("%X", out.Effective))
+	if out.Reply != nil {
+		if k := c.keying.Load(); k == nil || k.covered == nil || !sameTagSets(k.have, out.Reply) {
+			c.reloadKeying(ctx, "tag column sets registered", out.Reply)
+		}
+	}
+}
+
+func countSets(m map[string][][]string) int {
+	n := 0
+	for _, sets := range m {
+		n += len(sets)
+	}
+	return n
 }
 
 func readCatalog(ctx context.Context, pool *pgxpool.Pool) (*quma.Schema, error) {
@@ -150,7 +268,7 @@ func schemaDiff(file, live *quma.Schema) []string {
 // column sets it publishes, retrying for up to wait; nil when it did not
 // answer. It does not wait when NATS is not connected or nobody answers
 // the subject (the invalidator is not running).
-func askTagSets(ctx context.Context, nc *nats.Conn, cfg Config, wait time.Duration) map[string][][]string {
+func askTagSets(ctx context.Context, nc *nats.Conn, cfg Config, wait time.Duration) *invalidation.TagSetsReply {
 	rctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
@@ -160,9 +278,12 @@ func askTagSets(ctx context.Context, nc *nats.Conn, cfg Config, wait time.Durati
 		actx, acancel := context.WithTimeout(rctx, 250*time.Millisecond)
 		msg, err := nc.RequestWithContext(actx, invalidation.TagSetsSubject(cfg.Prefix), nil)
 		acancel()
-		var have map[string][][]string
-		if err == nil && json.Unmarshal(msg.Data, &have) == nil && have != nil {
-			return have
+		if err == nil {
+			reply, derr := invalidation.DecodeTagSetsReply(msg.Data)
+			if derr == nil {
+				return &reply
+			}
+			err = derr
 		}
 		if errors.Is(err, nats.ErrNoResponders) {
 			return nil
@@ -177,9 +298,16 @@ func askTagSets(ctx context.Context, nc *nats.Conn, cfg Config, wait time.Durati
 }
 
 // sameTagSets reports whether two answers of the invalidator name the
-// same tables and, for each, the same tag column sets (in any order).
-func sameTagSets(a, b map[string][][]string) bool {
-	return maps.EqualFunc(a, b, func(x, y [][]string) bool {
+// same tables and, for each, the same tag column sets (in any order) with
+// the same effective LSNs.
+func sameTagSets(ra, rb *invalidation.TagSetsReply) bool {
+	if ra == nil || rb == nil {
+		return ra == rb
+	}
+	if !maps.Equal(ra.From, rb.From) {
+		return false
+	}
+	return maps.EqualFunc(ra.Tables, rb.Tables, func(x, y [][]string) bool {
 		if len(x) != len(y) {
 			return false
 		}
@@ -223,7 +351,7 @@ func (c *Client) recheckTagSets(ctx context.Context, why string) {
 }
 
 // reloadKeying reloads the catalog with the invalidator's answer have.
-func (c *Client) reloadKeying(ctx context.Context, why string, have map[string][][]string) {
+func (c *Client) reloadKeying(ctx context.Context, why string, have *invalidation.TagSetsReply) {
 	k, err := c.loadKeying(ctx, have)
 	if err != nil {
 		if ctx.Err() != nil {

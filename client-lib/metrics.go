@@ -39,6 +39,11 @@ type clientMetrics struct {
 	scopeReads prometheus.Counter
 	// schemaReloads: the live catalog and the invalidator's coverage read again.
 	schemaReloads prometheus.Counter
+	// registrations: tag column sets asked of the invalidator, by outcome;
+	// earlyPuts: results not put on a cache-node because a set they key
+	// on took effect after their snapshot.
+	registrations *prometheus.CounterVec
+	earlyPuts     prometheus.Counter
 	mu            sync.Mutex
 	seenReasons   map[string]bool
 }
@@ -61,7 +66,12 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		storageChecks:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_storage_checks_total", Help: "Storage checks of the tables read-only transactions hold, by kind: quick (current storage matched an earlier check's fact) or full (the catalog join)."}, []string{"kind"}),
 		planRetries:      prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_plan_retries_total", Help: "Statements run again at the same pin because a schema change replaced a cached statement's result type."}),
 		schemaReloads:    prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_schema_reloads_total", Help: "Reloads of the live catalog and of the invalidator's coverage after a schema change."}),
+		registrations:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_tag_set_registrations_total", Help: "Tag column sets of the QUMA file the client asked the invalidator to publish, by outcome: registered, refused (the invalidator's reason is logged), failed (asked again at the next reload)."}, []string{"outcome"}),
+		earlyPuts:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_puts_before_tag_set_total", Help: "Results not put on a cache-node because a tag column set they key on was registered after their snapshot (kept in the L1 only)."}),
 		seenReasons:      map[string]bool{},
+	}
+	for _, o := range []string{"registered", "refused", "failed"} {
+		m.registrations.WithLabelValues(o)
 	}
 	for _, s := range []string{"l1", "node", "database"} {
 		m.reads.WithLabelValues(s)
@@ -71,7 +81,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.sessionsDropped, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
-			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes)
+			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts)
 	}
 	return m
 }

@@ -453,6 +453,12 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if t.c.l1 != nil {
 		_ = t.c.l1.Put(ctx, key, &store.Version{Lo: t.ts, Hi: t.ts + 1, Snapshot: t.ts, Value: value})
 	}
+	if node != nil && !k.publishedAt(qtags, t.ts) {
+		// Keyed on a set registered after this snapshot: changes between
+		// the two were not published under it. The L1 holds it at t.ts.
+		t.c.m.earlyPuts.Inc()
+		node = nil
+	}
 	if node != nil && node.usable() {
 		deps := make([]store.Dep, 0, len(qtags))
 		for _, q := range qtags {

@@ -18,7 +18,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "demo") {
-		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-invalidator-metrics ADDR] [-quma FILE]")
+		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-invalidator-metrics ADDR] [-cache-node-metrics ADDR] [-quma FILE] [-fix-replica-identity]")
 		os.Exit(2)
 	}
 	verb := os.Args[1]
@@ -31,7 +31,9 @@ func main() {
 	fs.StringVar(&cfg.NATSBin, "nats-bin", cfg.NATSBin, `nats-server binary to run, or "embedded" to run NATS in this process`)
 	fs.IntVar(&cfg.CacheNodePort, "cache-node-port", cfg.CacheNodePort, "cache-node port on 127.0.0.1 (0: any free port)")
 	fs.StringVar(&cfg.InvalidatorMetrics, "invalidator-metrics", cfg.InvalidatorMetrics, `address of the invalidator's /metrics ("" for none)`)
-	fs.StringVar(&cfg.InvalidatorQUMA, "quma", cfg.InvalidatorQUMA, "the application's QUMA file: the invalidator publishes its tag column sets (default: each table's keys)")
+	fs.StringVar(&cfg.CacheNodeMetrics, "cache-node-metrics", cfg.CacheNodeMetrics, `address of the cache-node's /metrics ("" for none)`)
+	fs.StringVar(&cfg.InvalidatorQUMA, "quma", cfg.InvalidatorQUMA, "the application's QUMA file (qumaana analyze): the invalidator starts with its tag column sets and LARDER_DSN names it (default: one the stack writes, keyed on each table's keys; clients register any other set they key on at run time)")
+	fs.BoolVar(&cfg.FixReplicaIdentity, "fix-replica-identity", cfg.FixReplicaIdentity, "let the invalidator run the ALTER TABLE … REPLICA IDENTITY FULL statements its checks ask for (default: it waits for them, PostgreSQL staying up)")
 	_ = fs.Parse(os.Args[2:])
 	if cfg.NATSBin == "embedded" {
 		cfg.NATSBin = ""
@@ -75,6 +77,10 @@ func run(verb string, cfg Config) error {
 		fmt.Printf("  %-27s %s\n", k, secret.RedactURL(urls[k]))
 	}
 	fmt.Printf("  (also written, with the passwords, to %s; credentials in %s)\n", s.EnvFile(), s.Creds.Dir)
+	fmt.Printf("  logs of the invalidator and the cache-node: %s\n", s.LogDir())
+	if p := s.IdentityProblem(); p != "" {
+		fmt.Printf("\nThe invalidator is waiting: %s\nRun the statements above with psql \"$LARDER_PG_URL\" (it retries every 3 s), or restart with -fix-replica-identity.\n\n", p)
+	}
 
 	if verb == "demo" {
 		r, err := s.Smoke(ctx)

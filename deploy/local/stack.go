@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -21,6 +20,7 @@ import (
 	"github.com/larderdb/larder/internal/invalidation"
 	"github.com/larderdb/larder/internal/pki"
 	"github.com/larderdb/larder/internal/servers"
+	"github.com/larderdb/larder/invalidator/publisher"
 	"github.com/larderdb/larder/invalidator/service"
 	"github.com/larderdb/larder/qumaana/quma"
 )
@@ -42,12 +42,22 @@ type Config struct {
 	// free port); CacheNodeMemory its byte budget.
 	CacheNodePort   int
 	CacheNodeMemory int64
-	// InvalidatorQUMA is the application's QUMA file, whose tag column
-	// sets the invalidator publishes besides each table's keys ("": keys
-	// only).
+	// InvalidatorQUMA is the application's QUMA file: the invalidator
+	// publishes its tag column sets from the start ("": each table's keys),
+	// and LARDER_DSN names it, so the application's clients key their
+	// results on its sets (registering with the invalidator any it does not
+	// publish yet: no restart needed for a new set or a new table).
 	InvalidatorQUMA string
-	// Log receives the invalidator's and the cache-node's logs; nil
-	// discards them.
+	// FixReplicaIdentity lets the invalidator run the ALTER TABLE … REPLICA
+	// IDENTITY FULL its start-up check asks for. Without it, a table whose
+	// identity lacks its tag columns keeps the invalidator waiting (and
+	// retrying every few seconds), with PostgreSQL up for the fix.
+	FixReplicaIdentity bool
+	// CacheNodeMetrics is the address of the cache-node's /metrics
+	// ("127.0.0.1:0" picks a free port, "" serves none).
+	CacheNodeMetrics string
+	// Log receives the invalidator's and the cache-node's logs; nil writes
+	// them to Dir/logs/invalidator.log and Dir/logs/cache-node.log.
 	Log *slog.Logger
 }
 
@@ -61,6 +71,7 @@ func DefaultConfig() Config {
 		RedisPort:          16379,
 		NATSBin:            "nats-server",
 		InvalidatorMetrics: "127.0.0.1:19188",
+		CacheNodeMetrics:   "127.0.0.1:19189",
 		CacheNodePort:      17070,
 		CacheNodeMemory:    256 << 20,
 	}
@@ -87,6 +98,8 @@ type Stack struct {
 	NATS  *servers.NATS
 	Redis *servers.Redis
 	dir   string
+	// appQUMA is the application's QUMA file (Config.InvalidatorQUMA), absolute.
+	appQUMA string
 	// Creds are the credentials the stack generated at start: every
 	// component authenticates with its own.
 	Creds Credentials
@@ -95,9 +108,16 @@ type Stack struct {
 	invalidatorDone chan error
 	metricsAddr     string
 
-	stopNode context.CancelFunc
-	nodeDone chan error
-	nodeAddr string
+	stopNode        context.CancelFunc
+	nodeDone        chan error
+	nodeAddr        string
+	nodeMetricsAddr string
+
+	// identityProblem is the invalidator's replica identity complaint
+	// while it waits for the fix ("" when it runs).
+	problemMu       sync.Mutex
+	identityProblem string
+	logFiles        []*os.File
 
 	closeOnce sync.Once
 	closeErr  error
@@ -116,6 +136,14 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("local: %w", err)
 	}
 	s := &Stack{dir: dir}
+	if cfg.InvalidatorQUMA != "" {
+		if s.appQUMA, err = filepath.Abs(cfg.InvalidatorQUMA); err != nil {
+			return nil, err
+		}
+		if _, err := os.Stat(s.appQUMA); err != nil {
+			return nil, fmt.Errorf("local: the QUMA file: %w", err)
+		}
+	}
 	if s.Creds, err = newCredentials(filepath.Join(dir, "secrets"), invalidation.DefaultPrefix); err != nil {
 		return nil, fmt.Errorf("local: credentials: %w", err)
 	}
@@ -166,24 +194,52 @@ func (s *Stack) startInvalidator(cfg Config) error {
 		return err
 	}
 	o.QUMA = cfg.InvalidatorQUMA
-	o.Metrics = ""
-	if cfg.InvalidatorMetrics != "" {
-		ln, err := net.Listen("tcp", cfg.InvalidatorMetrics)
-		if err != nil {
-			return err
-		}
-		s.metricsAddr = ln.Addr().String()
-		ln.Close()
-		o.Metrics = s.metricsAddr
+	o.FixIdentity = cfg.FixReplicaIdentity
+	if o.Metrics, err = freeAddr(cfg.InvalidatorMetrics); err != nil {
+		return err
 	}
-	log := cfg.Log
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	s.metricsAddr = o.Metrics
+	log, err := s.logger(cfg, "invalidator.log")
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopInvalidator = cancel
 	s.invalidatorDone = make(chan error, 1)
-	go func() { s.invalidatorDone <- service.Run(ctx, o, log) }()
+	// A table whose replica identity lacks its tag columns stops the
+	// invalidator; here it waits for the fix, run through PostgreSQL,
+	// which stays up, and starts again every few seconds.
+	go func() {
+		for {
+			run := make(chan error, 1)
+			go func() { run <- service.Run(ctx, o, log) }()
+			var err error
+			select {
+			case err = <-run:
+			case <-time.After(5 * time.Second):
+				// Past its start-up checks: no complaint stands.
+				s.problemMu.Lock()
+				s.identityProblem = ""
+				s.problemMu.Unlock()
+				err = <-run
+			}
+			var ie *publisher.IdentityError
+			if ctx.Err() != nil || !errors.As(err, &ie) {
+				s.invalidatorDone <- err
+				return
+			}
+			s.problemMu.Lock()
+			s.identityProblem = ie.Error()
+			s.problemMu.Unlock()
+			log.Error("waiting for the replica identity fix; retrying in 3s", "err", ie)
+			select {
+			case <-ctx.Done():
+				s.invalidatorDone <- nil
+				return
+			case <-time.After(3 * time.Second):
+			}
+		}
+	}()
 	// A configuration error shows at once; otherwise it is running.
 	select {
 	case err := <-s.invalidatorDone:
@@ -196,18 +252,64 @@ func (s *Stack) startInvalidator(cfg Config) error {
 	return nil
 }
 
+// IdentityProblem is the invalidator's replica identity complaint, with
+// the ALTER TABLE statements that fix it, while it waits for them ("" once
+// it runs).
+func (s *Stack) IdentityProblem() string {
+	s.problemMu.Lock()
+	defer s.problemMu.Unlock()
+	return s.identityProblem
+}
+
+// freeAddr resolves a listen address ("host:0" picks a free port; ""
+// stays "").
+func freeAddr(addr string) (string, error) {
+	if addr == "" {
+		return "", nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// logger is cfg.Log, or a logger writing to Dir/logs/name.
+func (s *Stack) logger(cfg Config, name string) (*slog.Logger, error) {
+	if cfg.Log != nil {
+		return cfg.Log, nil
+	}
+	if err := os.MkdirAll(filepath.Join(s.dir, "logs"), 0o755); err != nil {
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(s.dir, "logs", name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	s.logFiles = append(s.logFiles, f)
+	return slog.New(slog.NewTextHandler(f, nil)), nil
+}
+
+// LogDir is where the invalidator's and the cache-node's logs go (unless
+// Config.Log).
+func (s *Stack) LogDir() string { return filepath.Join(s.dir, "logs") }
+
 // startCacheNode runs a cache-node with the memory backend in this process.
 func (s *Stack) startCacheNode(cfg Config) error {
-	log := cfg.Log
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	log, err := s.logger(cfg, "cache-node.log")
+	if err != nil {
+		return err
 	}
 	budget := cfg.CacheNodeMemory
 	if budget <= 0 {
 		budget = 256 << 20
 	}
 	o := daemon.Options{Listen: fmt.Sprintf("127.0.0.1:%d", cfg.CacheNodePort), NATS: s.NATS.URL(), Store: "memory", Memory: budget}
-	var err error
+	if o.Metrics, err = freeAddr(cfg.CacheNodeMetrics); err != nil {
+		return err
+	}
+	s.nodeMetricsAddr = o.Metrics
 	if o.TLS, err = pki.ServerTLS(s.Creds.NodeCert, s.Creds.NodeKey, s.Creds.CA); err != nil {
 		return err
 	}
@@ -269,8 +371,17 @@ func (s *Stack) DSN() string {
 	q.Set("larder.node-ca", s.Creds.CA)
 	q.Set("larder.node-cert", s.Creds.ClientCert)
 	q.Set("larder.node-key", s.Creds.ClientKey)
-	q.Set("larder.quma", s.QUMAFile())
+	q.Set("larder.quma", s.qumaForClients())
 	return s.PG.URL("postgres") + "&" + q.Encode()
+}
+
+// qumaForClients is the QUMA file LARDER_DSN names: the application's
+// (Config.InvalidatorQUMA), else the one the stack wrote.
+func (s *Stack) qumaForClients() string {
+	if s.appQUMA != "" {
+		return s.appQUMA
+	}
+	return s.QUMAFile()
 }
 
 // CacheNodeAddr is where the cache-node serves its protocol.
@@ -301,6 +412,9 @@ func (s *Stack) URLs() map[string]string {
 	}
 	if u := s.InvalidatorMetricsURL(); u != "" {
 		m["LARDER_INVALIDATOR_METRICS"] = u
+	}
+	if s.nodeMetricsAddr != "" {
+		m["LARDER_CACHE_NODE_METRICS"] = "http://" + s.nodeMetricsAddr + "/metrics"
 	}
 	return m
 }
@@ -359,6 +473,9 @@ func (s *Stack) Close() error {
 			errs = append(errs, s.PG.Close())
 		}
 		_ = os.Remove(s.EnvFile())
+		for _, f := range s.logFiles {
+			_ = f.Close()
+		}
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr

@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
 	"github.com/larderdb/larder/cache-node/protocol"
@@ -100,5 +104,81 @@ func TestStackKeepsDataAcrossRestarts(t *testing.T) {
 		if r.DemoRows != first.DemoRows+3 || r.JetStreamSeq != first.JetStreamSeq+1 || r.RedisRuns != first.RedisRuns+1 {
 			t.Fatalf("after restart %+v, before %+v: the demo table should have grown by three rows (the check, the cache round trip, the driver's insert), the other counters by one", r, first)
 		}
+	}
+}
+
+// A table whose replica identity lacks its tag columns does not stop the
+// stack: PostgreSQL stays up, the complaint names the fix, and once the
+// fix is run through PostgreSQL the invalidator starts by itself. The
+// invalidator and the cache-node log to files and the node serves metrics.
+func TestStackWaitsForTheReplicaIdentityFix(t *testing.T) {
+	dir, err := testenv.TempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	cfg := Config{Dir: filepath.Join(dir, "stack"), CacheNodeMetrics: "127.0.0.1:0"}
+	ctx := context.Background()
+	s, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get(s.URLs()["LARDER_CACHE_NODE_METRICS"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "larder_node_") {
+		t.Errorf("the cache-node's metrics endpoint serves no larder_node_ metric:\n%.500s", body)
+	}
+	conn, err := pgx.Connect(ctx, s.PG.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE codes (id int PRIMARY KEY, code text UNIQUE)"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"invalidator.log", "cache-node.log"} {
+		if b, err := os.ReadFile(filepath.Join(s.LogDir(), name)); err != nil || len(b) == 0 {
+			t.Errorf("%s: %d bytes (%v)", name, len(b), err)
+		}
+	}
+
+	// Restarted: codes(code) is a tag column set its identity (the
+	// primary key) lacks.
+	s, err = Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("the stack did not start with a replica identity problem: %v", err)
+	}
+	defer s.Close()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(s.IdentityProblem(), "ALTER TABLE public.codes REPLICA IDENTITY FULL"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no complaint naming the fix: %q", s.IdentityProblem())
+		}
+	}
+	conn, err = pgx.Connect(ctx, s.PG.URL("postgres"))
+	if err != nil {
+		t.Fatalf("PostgreSQL is not up while the invalidator waits: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "ALTER TABLE public.codes REPLICA IDENTITY FULL"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); s.IdentityProblem() != ""; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the invalidator did not start after the fix: %q", s.IdentityProblem())
+		}
+	}
+	r, err := s.Smoke(ctx)
+	if err != nil {
+		t.Fatalf("after the fix: %v", err)
+	}
+	if r.InvalidationLSN == "" || len(r.Pins) == 0 {
+		t.Errorf("after the fix: invalidation %q, %d pins", r.InvalidationLSN, len(r.Pins))
 	}
 }

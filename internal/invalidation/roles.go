@@ -28,7 +28,7 @@ type Permissions struct {
 
 // requests are the subjects only the invalidator answers.
 func requests(prefix string) []string {
-	return []string{PinVerifySubject(prefix), PinListSubject(prefix), TagSetsSubject(prefix)}
+	return []string{PinVerifySubject(prefix), PinListSubject(prefix), TagSetsSubject(prefix), TagSetsRegisterSubject(prefix)}
 }
 
 // PermissionsFor returns the permissions of role under prefix.
@@ -38,7 +38,7 @@ func requests(prefix string) []string {
 // under the prefix: it only reads the stream (stream info, an ordered
 // consumer and single messages, all on the JetStream API of that one
 // stream) and subscribes. A client publishes only the requests (pin
-// verify, pin list, tag sets) and subscribes. Neither may publish to an
+// verify, pin list, tag sets, tag set registrations) and subscribes. Neither may publish to an
 // inbox, so neither can forge an answer to another's request, and
 // neither may subscribe to the request subjects.
 func PermissionsFor(role Role, prefix string) Permissions {

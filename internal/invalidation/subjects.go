@@ -17,6 +17,7 @@ const DefaultPrefix = "larder"
 //	p.hb        heartbeats
 //	p.schema.changed  notices of decoded schema changes (core NATS)
 //	p.config.tagsets  request/reply: coverage and tag column sets
+//	p.config.tagsets.register  request/reply: publish more tag column sets
 //
 // h is the first 8 bytes of SHA-256 of the name, in hex: fixed length, no
 // user data in subject names. Two names hashing alike only make a
@@ -42,11 +43,8 @@ func EpochSubject(prefix string) string { return prefix + ".inv." + hashName("ep
 func EpochMsgID(lsn uint64) string { return fmt.Sprintf("epoch/%X", lsn) }
 
 // TagSetsSubject answers requests with the tables the invalidator covers
-// and the tag column sets it publishes (JSON: {"schema.table": [["col",
-// …], …]}, [] for a covered table without sets). A table absent is not
-// covered: a client must not cache a result reading it, nor key a result
-// on a set the invalidator does not publish. The reply follows schema
-// changes (see SchemaChangedSubject).
+// and the tag column sets it publishes (JSON TagSetsReply). The reply
+// follows schema changes (see SchemaChangedSubject) and registrations.
 func TagSetsSubject(prefix string) string { return prefix + ".config.tagsets" }
 
 // HeartbeatSubject returns the heartbeat subject.

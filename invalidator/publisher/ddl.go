@@ -305,8 +305,8 @@ func (p *Publisher) applyDDL(ctx context.Context, xid uint32) ([]string, error) 
 		var sets [][]string
 		if t := after[r.name]; t != nil {
 			sets = t.sets
-		} else if p.cfg.TagColumns != nil {
-			sets = p.cfg.TagColumns[r.name]
+		} else {
+			sets = p.setsOf(r.name)
 		}
 		if !equalSets(r.setNames, sets) {
 			p.relations[id] = r.withSets(sets)
@@ -336,7 +336,7 @@ func (p *Publisher) loadCatalog(ctx context.Context, xid uint32) (map[string]*ta
 	if err != nil {
 		return nil, err
 	}
-	chooseSets(tables, p.cfg.TagColumns)
+	p.chooseSets(tables)
 	return tables, nil
 }
 

@@ -17,6 +17,10 @@ type metrics struct {
 	oversized prometheus.Counter
 	// identity: covered tables whose replica identity is a problem.
 	identity *prometheus.GaugeVec
+	// registrations: registrations that added tag column sets;
+	// registeredSets: the sets registered at run time, in all.
+	registrations  prometheus.Counter
+	registeredSets prometheus.Gauge
 }
 
 // slotStatuses are the values of pg_replication_slots.wal_status (and
@@ -41,6 +45,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		slotSafe:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_slot_safe_wal_bytes", Help: "WAL that can still be written before the replication slot is in danger of being invalidated (safe_wal_size); -1 when unlimited (max_slot_wal_keep_size = -1)."}),
 		oversized:    prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_oversized_messages_total", Help: "Invalidation messages too large to publish (a tag holding a very long value), replaced by flushes of their tables."}),
 		identity:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_replica_identity_problems", Help: "Published tables whose replica identity is a problem: no_identity (PostgreSQL refuses their UPDATEs and DELETEs), tag_columns (it lacks tag columns: each change flushes the table)."}, []string{"problem"}),
+		registrations:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_tag_set_registrations_total", Help: "Registrations that added tag column sets at run time (each published from its commit LSN, announced by an epoch)."}),
+		registeredSets: prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_registered_tag_sets", Help: "Tag column sets registered at run time and published (kept in the JetStream KV bucket <PREFIX>_TAGSETS)."}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "larder_invalidator_publish_latency_seconds",
 			Help:    "Commit (PostgreSQL's commit time) to hand-off to NATS.",
@@ -58,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.nudges, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency,
-			m.slotsCreated, m.slotStatus, m.slotRetained, m.slotSafe, m.oversized, m.identity)
+			m.slotsCreated, m.slotStatus, m.slotRetained, m.slotSafe, m.oversized, m.identity, m.registrations, m.registeredSets)
 	}
 	return m
 }

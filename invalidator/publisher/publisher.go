@@ -141,6 +141,10 @@ type Publisher struct {
 	tables    map[string]*tableInfo
 	setsMu    sync.Mutex
 	sets      map[string][][]string // published tag column sets, for TagSets
+	from      map[string]uint64     // effective LSNs of registered sets, for TagSetsReply
+	reg       registry              // sets registered at run time
+	kv        jetstream.KeyValue    // where they are kept
+	regs      []registerPayload     // the open transaction's registrations
 	relations map[uint32]*relation
 
 	// the open transaction
@@ -182,8 +186,16 @@ func (p *Publisher) Run(ctx context.Context) error {
 		return fmt.Errorf("publisher: connect: %w", err)
 	}
 	defer conn.Close(context.Background())
+	p.connMu.Lock()
 	p.conn = conn
+	p.connMu.Unlock()
 
+	if p.js, err = jetstream.New(cfg.NATS); err != nil {
+		return fmt.Errorf("publisher: jetstream: %w", err)
+	}
+	if err := p.openRegistry(ctx); err != nil {
+		return err
+	}
 	if err := p.ensurePublication(ctx, conn); err != nil {
 		return err
 	}
@@ -195,7 +207,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if p.tables, err = loadTables(ctx, conn, cfg.Publication); err != nil {
 		return err
 	}
-	chooseSets(p.tables, cfg.TagColumns)
+	p.chooseSets(p.tables)
 	p.noteSets()
 	if ie := checkIdentity(p.tables); ie != nil {
 		p.noteIdentity(ie)
@@ -209,14 +221,11 @@ func (p *Publisher) Run(ctx context.Context) error {
 		if p.tables, err = loadTables(ctx, conn, cfg.Publication); err != nil {
 			return err
 		}
-		chooseSets(p.tables, cfg.TagColumns)
+		p.chooseSets(p.tables)
 		p.noteSets()
 	}
 	p.noteIdentity(checkIdentity(p.tables))
 
-	if p.js, err = jetstream.New(cfg.NATS); err != nil {
-		return fmt.Errorf("publisher: jetstream: %w", err)
-	}
 	if p.acks == nil {
 		if p.acks, err = newAckPublisher(cfg.NATS); err != nil {
 			return err
@@ -245,6 +254,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	p.inTxn, p.hbTxn = false, false
 	p.cs.reset()
 	p.ddl = p.ddl[:0]
+	p.regs = p.regs[:0]
 	p.lastSent = time.Time{}
 	p.relations = map[uint32]*relation{}
 
@@ -298,8 +308,9 @@ func (p *Publisher) noteSets() {
 		s := make([][]string, 0, len(t.sets))
 		sets[name] = append(s, t.sets...)
 	}
+	from := p.registeredFrom()
 	p.setsMu.Lock()
-	p.sets = sets
+	p.sets, p.from = sets, from
 	p.setsMu.Unlock()
 }
 
@@ -312,6 +323,18 @@ func (p *Publisher) TagSets() map[string][][]string {
 	p.setsMu.Lock()
 	defer p.setsMu.Unlock()
 	return p.sets
+}
+
+// TagSetsReply returns the answer to a tag sets request: TagSets and the
+// effective LSNs of the sets registered at run time; nil before the first
+// Run read the catalogs.
+func (p *Publisher) TagSetsReply() *invalidation.TagSetsReply {
+	p.setsMu.Lock()
+	defer p.setsMu.Unlock()
+	if p.sets == nil {
+		return nil
+	}
+	return &invalidation.TagSetsReply{Tables: p.sets, From: p.from}
 }
 
 func (p *Publisher) ensurePublication(ctx context.Context, conn *pgx.Conn) error {
@@ -663,6 +686,7 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed
 		p.inTxn, p.hbTxn, p.begin = true, false, *m
 		p.cs.reset()
 		p.ddl = p.ddl[:0]
+		p.regs = p.regs[:0]
 	case *pglogrepl.RelationMessage:
 		p.relationMessage(m)
 	case *pglogrepl.InsertMessage:
@@ -717,6 +741,10 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed
 			p.ddl = append(p.ddl, d)
 			return false, nil
 		}
+		if m.Prefix == RegisterPrefix && m.Transactional && p.inTxn {
+			p.registerMessage(m.Content)
+			return false, nil
+		}
 		if m.Prefix != HeartbeatPrefix {
 			return false, nil
 		}
@@ -747,8 +775,8 @@ func (p *Publisher) relationMessage(m *pglogrepl.RelationMessage) {
 	var sets [][]string
 	if t := p.tables[name]; t != nil {
 		sets = t.sets
-	} else if p.cfg.TagColumns != nil {
-		sets = p.cfg.TagColumns[name]
+	} else {
+		sets = p.setsOf(name)
 	}
 	r := newRelation(m, sets)
 	for _, miss := range r.missing {
@@ -794,6 +822,11 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 	txn := invalidation.Txn{CommitLSN: uint64(m.CommitLSN), EndLSN: uint64(m.TransactionEndLSN), XID: p.begin.Xid, CommitTime: m.CommitTime}
 	if err := p.publish(&txn, changes, tables); err != nil {
 		return err
+	}
+	if len(p.regs) > 0 {
+		if err := p.applyRegistrations(ctx, uint64(m.CommitLSN)); err != nil {
+			return err
+		}
 	}
 	p.Nudge() // a heartbeat soon: nodes' watermarks follow the writes
 	if schema != nil {

@@ -171,18 +171,40 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	// published, before caching anything; they ask again after a notice on
 	// SchemaChangedSubject.
 	setsSub, err := nc.Subscribe(invalidation.TagSetsSubject(o.Prefix), func(m *nats.Msg) {
-		sets := pub.TagSets()
-		if sets == nil || m.Reply == "" {
+		reply := pub.TagSetsReply()
+		if reply == nil || m.Reply == "" {
 			return // not known yet: the client asks again or keys on tables only
 		}
-		if b, err := json.Marshal(sets); err == nil {
-			_ = m.Respond(b)
-		}
+		_ = m.Respond(reply.Marshal())
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to tag set requests: %w", err)
 	}
 	defer setsSub.Unsubscribe()
+	// Clients (or a deploy step) register the tag column sets their
+	// queries key on; one registration at a time.
+	regSub, err := nc.Subscribe(invalidation.TagSetsRegisterSubject(o.Prefix), func(m *nats.Msg) {
+		if m.Reply == "" {
+			return
+		}
+		var out invalidation.TagSetsRegistered
+		req, err := invalidation.DecodeTagSetsRegistration(m.Data)
+		if err == nil {
+			out, err = pub.Register(ctx, req)
+		}
+		if err != nil {
+			out = invalidation.TagSetsRegistered{Error: err.Error()}
+			log.Warn("tag set registration refused", "err", err)
+		} else if len(out.Refused) > 0 {
+			log.Warn("tag set registration: sets refused", "refused", out.Refused)
+		}
+		b, _ := json.Marshal(&out)
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to tag set registrations: %w", err)
+	}
+	defer regSub.Unsubscribe()
 
 	cushionDone := make(chan error, 1)
 	if o.Pins {

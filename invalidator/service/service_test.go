@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/larderdb/larder/internal/invalidation"
 	"github.com/larderdb/larder/internal/testenv"
 	"github.com/larderdb/larder/invalidator/publisher"
 )
@@ -77,11 +78,14 @@ CREATE TABLE notes (id int PRIMARY KEY, body text);`); err != nil {
 		for time.Now().Before(deadline) {
 			m, err := nc.Request("cov.config.tagsets", nil, time.Second)
 			if err == nil {
-				var sets map[string][][]string
-				if err := json.Unmarshal(m.Data, &sets); err != nil {
+				reply, err := invalidation.DecodeTagSetsReply(m.Data)
+				if err != nil {
 					t.Fatalf("reply %q: %v", m.Data, err)
 				}
-				return sets
+				if len(reply.From) != 0 {
+					t.Fatalf("reply %q: effective LSNs without registrations", m.Data)
+				}
+				return reply.Tables
 			}
 			select {
 			case err := <-done:
