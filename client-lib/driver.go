@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,7 +44,9 @@ func init() { sql.Register(DriverName, registered) }
 // with an optional KiB, MiB or GiB suffix), larder.prefix (NATS subject
 // prefix), and the failure bounds (Go durations, see Config):
 // larder.node-timeout, larder.node-backoff, larder.pin-verify-timeout,
-// larder.pin-silence. A read-only transaction
+// larder.pin-silence; larder.register-tag-sets=false keeps the client
+// from registering the QUMA file's tag column sets with the invalidator
+// (Config.NoRegisterTagSets). A read-only transaction
 // (sql.TxOptions{ReadOnly: true}) is a cached read-only transaction;
 // everything else is plain PostgreSQL through pgx.
 type Driver struct {
@@ -177,6 +180,12 @@ func ParseDSN(dsn string) (Config, error) {
 				"larder.node-timeout": &cfg.NodeTimeout, "larder.node-backoff": &cfg.NodeBackoff,
 				"larder.pin-verify-timeout": &cfg.PinVerifyTimeout, "larder.pin-silence": &cfg.PinSilence,
 			}[k] = d
+		case "larder.register-tag-sets":
+			on, err := strconv.ParseBool(v)
+			if err != nil {
+				return cfg, fmt.Errorf("larder: larder.register-tag-sets=%q: want true or false", v)
+			}
+			cfg.NoRegisterTagSets = !on
 		case "larder.l1":
 			if cfg.L1Bytes, err = bytesize.Parse(v); err != nil {
 				return cfg, fmt.Errorf("larder: larder.l1=%q: want a byte count such as 67108864 or 64MiB", v)

@@ -23,6 +23,7 @@ func TestDSNMistakes(t *testing.T) {
 		"larder.l1=lots":                                       "larder.l1",
 		"larder.l1=-5":                                         "larder.l1",
 		"larder.staleness=1000h":                               "more than 24h",
+		"larder.register-tag-sets=perhaps":                     "want true or false",
 		"larder.staleness=-1s":                                 "positive duration",
 		"larder.node-cert=c.pem&larder.node-key=k":             "need larder.node-ca",
 		"larder.node-ca=" + filepath.Join(dir, "missing.pem"):  "cache-node TLS",
@@ -36,6 +37,12 @@ func TestDSNMistakes(t *testing.T) {
 	if err != nil || cfg.L1Bytes != 64<<20 || cfg.Staleness != 2*time.Minute || cfg.NodeTimeout != 50*time.Millisecond ||
 		cfg.NodeBackoff != time.Second || cfg.PinVerifyTimeout != 300*time.Millisecond || cfg.PinSilence != 2*time.Second {
 		t.Fatalf("%+v, %v", cfg, err)
+	}
+	if cfg.NoRegisterTagSets {
+		t.Error("tag set registration is off by default")
+	}
+	if cfg, err := ParseDSN(base + "&larder.register-tag-sets=false"); err != nil || !cfg.NoRegisterTagSets {
+		t.Errorf("larder.register-tag-sets=false: %+v, %v", cfg.NoRegisterTagSets, err)
 	}
 	if _, err := ParseDSN(base + "&larder.node-timeout=0s"); err == nil || !strings.Contains(err.Error(), "larder.node-timeout") {
 		t.Fatalf("larder.node-timeout=0s: %v", err)

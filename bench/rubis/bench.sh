@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the RUBiS benchmark on a local stack of its own (data in .larder-bench,
 # ports beside the development stack's): loads the data and writes RUBiS's
-# QUMA file, restarts the stack so that the invalidator starts on the RUBiS
-# tables and publishes their tag column sets, runs rubis-bench, then stops
-# the stack. Arguments go to rubis-bench (--repeats, --mode-url, …: see
+# QUMA file, runs rubis-bench, then stops the stack. The invalidator learns
+# the RUBiS tables as they are created and their tag column sets as the
+# application's clients register them: no restart. Arguments go to
+# rubis-bench (--repeats, --mode-url, --register-tag-sets=false, …: see
 # bench/rubis/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +21,7 @@ go build -o "$dir/bin/rubis-bench" ./bench/rubis/cmd/rubis-bench
 stack=
 start_stack() {
   rm -f "$dir/stack.env"
-  "$dir/bin/local" up -dir "$dir" -pg-port "$pg_port" -nats-port "$nats_port" -redis-port "$redis_port" -cache-node-port "$node_port" -invalidator-metrics "" "$@" > "$dir/stack.log" 2>&1 &
+  "$dir/bin/local" up -dir "$dir" -pg-port "$pg_port" -nats-port "$nats_port" -redis-port "$redis_port" -cache-node-port "$node_port" -invalidator-metrics "" -cache-node-metrics "" "$@" > "$dir/stack.log" 2>&1 &
   stack=$!
   for _ in $(seq 1 120); do
     [[ -s "$dir/stack.env" ]] && return 0
@@ -38,9 +39,5 @@ stop_stack() {
 trap stop_stack EXIT
 start_stack
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --load-only "$@"
-stop_stack
-# The invalidator publishes the application's tag column sets (the QUMA
-# file rubis-bench wrote from the live schema and RUBiS's templates).
-start_stack -quma "$dir/quma.json"
 # --stack-pid: the report counts the CPU of this stack's processes only.
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --skip-load --stack-pid "$stack" "$@"

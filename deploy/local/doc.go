@@ -10,7 +10,17 @@
 // By default the servers listen on 127.0.0.1 ports 15432 (PostgreSQL), 14222
 // (NATS) and 16379 (Redis), beside rather than on the usual ones, and keep
 // their data in ./.larder-local. The URLs are printed and written to
-// .larder-local/stack.env for other tools to source.
+// .larder-local/stack.env for other tools to source. The invalidator and the
+// cache-node log to .larder-local/logs; the cache-node serves /metrics on
+// 127.0.0.1:19189 (-cache-node-metrics), the invalidator on 19188.
+//
+// # The application's QUMA file and replica identities
+//
+// -quma FILE names the application's QUMA file in LARDER_DSN (and starts the
+// invalidator with its tag column sets); its clients register any other set
+// at run time. A table whose replica identity lacks its tag columns keeps
+// the invalidator waiting, PostgreSQL up, with the ALTER TABLE to run printed;
+// it retries every 3 s. -fix-replica-identity lets it run the fix itself.
 //
 // # NATS
 //

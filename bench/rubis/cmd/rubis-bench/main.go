@@ -121,6 +121,7 @@ func run() error {
 	out := flag.String("out", "bench/rubis/results", "output folder")
 	skipLoad := flag.Bool("skip-load", false, "reuse the data already loaded")
 	loadOnly := flag.Bool("load-only", false, "load the data and stop")
+	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	flag.Parse()
 
 	env, err := readEnv(*envFile)
@@ -209,7 +210,7 @@ func run() error {
 		}
 	}
 	machine := fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode; "+
-		"%d repeat(s), the modes in turn", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats)
+		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets)
 	var variants []variant
 	for _, mode := range modeList {
 		if u, ok := urls[mode]; ok {
@@ -393,6 +394,10 @@ func openMode(mode, label string, env map[string]string) (*sql.DB, error) {
 	return sql.Open(larder.DriverName, dsn)
 }
 
+// registerTagSets: the larder modes' clients register the QUMA file's tag
+// column sets with the invalidator (--register-tag-sets).
+var registerTagSets = true
+
 // modeDSN is the larder DSN of a mode.
 func modeDSN(mode, label string, env map[string]string) string {
 	u, err := url.Parse(env["LARDER_DSN"])
@@ -402,6 +407,9 @@ func modeDSN(mode, label string, env map[string]string) string {
 	q := u.Query()
 	if f := env["LARDER_QUMA"]; f != "" {
 		q.Set("larder.quma", f)
+	}
+	if !registerTagSets {
+		q.Set("larder.register-tag-sets", "false")
 	}
 	switch mode {
 	case "larder", "larder-client-ryw":
