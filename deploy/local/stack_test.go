@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +17,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	_ "github.com/larderdb/larder/client-lib"
+
 	"github.com/larderdb/larder/cache-node/protocol"
+	"github.com/larderdb/larder/internal/invalidation"
 	"github.com/larderdb/larder/internal/testenv"
+	"github.com/larderdb/larder/qumaana/quma"
 )
 
 // checkAuthentication tries the stack's servers without credentials:
@@ -180,5 +186,68 @@ func TestStackWaitsForTheReplicaIdentityFix(t *testing.T) {
 	}
 	if r.InvalidationLSN == "" || len(r.Pins) == 0 {
 		t.Errorf("after the fix: invalidation %q, %d pins", r.InvalidationLSN, len(r.Pins))
+	}
+
+	// A new application's table and QUMA file: its client, with the
+	// stack's credentials, registers the set its query keys on, and the
+	// invalidator (NATS permissions and all) publishes it.
+	if _, err := conn.Exec(ctx, "CREATE TABLE notes (id int PRIMARY KEY, author int); ALTER TABLE notes REPLICA IDENTITY FULL"); err != nil {
+		t.Fatal(err)
+	}
+	schema, err := quma.LoadCatalog(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sol, err := quma.AnalyzeWorkload(schema, []quma.Statement{{SQL: "SELECT id FROM notes WHERE author = $1", Frequency: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qumaFile := filepath.Join(dir, "app-quma.json")
+	f, err := os.Create(qumaFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sol.WriteJSON(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	u, err := url.Parse(s.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("larder.quma", qumaFile)
+	u.RawQuery = q.Encode()
+	db, err := sql.Open("larder", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.PingContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := s.Creds.natsOptions(invalidation.RoleClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(s.NATS.URL(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		m, err := nc.Request(invalidation.TagSetsSubject(invalidation.DefaultPrefix), nil, 2*time.Second)
+		if err == nil {
+			reply, err := invalidation.DecodeTagSetsReply(m.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if reply.From["public.notes(author)"] != 0 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client's tag column set public.notes(author) was not registered in 60 s (last: %v)", err)
+		}
 	}
 }

@@ -46,7 +46,7 @@ func PermissionsFor(role Role, prefix string) Permissions {
 	switch role {
 	case RoleInvalidator:
 		return Permissions{
-			PublishAllow:   []string{prefix + ".>", "$JS.API.>"},
+			PublishAllow:   []string{prefix + ".>", "$JS.API.>", "$KV." + TagSetsBucket(prefix) + ".>"},
 			SubscribeAllow: []string{prefix + ".>", "_INBOX.>"},
 			AllowResponses: true,
 		}

@@ -53,6 +53,12 @@ func DecodeTagSetsReply(b []byte) (TagSetsReply, error) {
 	return r, nil
 }
 
+// TagSetsBucket is the JetStream KV bucket where the invalidator keeps the
+// tag column sets registered at run time ("LARDER_TAGSETS" for "larder").
+func TagSetsBucket(prefix string) string {
+	return strings.TrimSuffix(StreamName(prefix), "_INVALIDATIONS") + "_TAGSETS"
+}
+
 // TagSetsRegisterSubject takes requests (JSON TagSetsRegistration) to
 // publish more tag column sets, from the next commit on. The invalidator
 // answers with a TagSetsRegistered.

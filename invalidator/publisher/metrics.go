@@ -19,7 +19,7 @@ type metrics struct {
 	identity *prometheus.GaugeVec
 	// registrations: registrations that added tag column sets;
 	// registeredSets: the sets registered at run time, in all.
-	registrations  prometheus.Counter
+	registrations  *prometheus.CounterVec
 	registeredSets prometheus.Gauge
 }
 
@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		slotSafe:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_slot_safe_wal_bytes", Help: "WAL that can still be written before the replication slot is in danger of being invalidated (safe_wal_size); -1 when unlimited (max_slot_wal_keep_size = -1)."}),
 		oversized:      prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_oversized_messages_total", Help: "Invalidation messages too large to publish (a tag holding a very long value), replaced by flushes of their tables."}),
 		identity:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_replica_identity_problems", Help: "Published tables whose replica identity is a problem: no_identity (PostgreSQL refuses their UPDATEs and DELETEs), tag_columns (it lacks tag columns: each change flushes the table)."}, []string{"problem"}),
-		registrations:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_tag_set_registrations_total", Help: "Registrations that added tag column sets at run time (each published from its commit LSN, announced by an epoch)."}),
+		registrations:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_tag_set_registrations_total", Help: "Tag column sets registered at run time, by outcome: registered (published from the registration's commit LSN, announced by an epoch), not_stored (the KV bucket did not take it: not published)."}, []string{"outcome"}),
 		registeredSets: prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_registered_tag_sets", Help: "Tag column sets registered at run time and published (kept in the JetStream KV bucket <PREFIX>_TAGSETS)."}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "larder_invalidator_publish_latency_seconds",
@@ -61,6 +61,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for _, r := range []string{"missing", "lost"} {
 		m.slotsCreated.WithLabelValues(r)
+	}
+	for _, o := range []string{"registered", "not_stored"} {
+		m.registrations.WithLabelValues(o)
 	}
 	if reg != nil {
 		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.nudges, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency,

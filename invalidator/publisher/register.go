@@ -56,14 +56,12 @@ type registerOutcome struct {
 	err       error
 }
 
+// registerStoreTimeout bounds the wait for the KV bucket to store a set.
+const registerStoreTimeout = 5 * time.Second
+
 // RegisterTimeout bounds the wait for a registration's message to be
 // decoded and applied.
 var RegisterTimeout = 30 * time.Second
-
-// tagSetsBucket is the KV bucket holding registered sets.
-func tagSetsBucket(prefix string) string {
-	return strings.TrimSuffix(invalidation.StreamName(prefix), "_INVALIDATIONS") + "_TAGSETS"
-}
 
 // registeredKey is a set's key in the bucket: a hash (names may hold any
 // character; keys may not).
@@ -79,7 +77,7 @@ func (p *Publisher) openRegistry(ctx context.Context) error {
 		storage = jetstream.MemoryStorage
 	}
 	kv, err := p.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      tagSetsBucket(p.cfg.SubjectPrefix),
+		Bucket:      invalidation.TagSetsBucket(p.cfg.SubjectPrefix),
 		Description: "Larder tag column sets registered at run time, with their effective LSNs",
 		Storage:     storage,
 	})
@@ -104,7 +102,7 @@ func (p *Publisher) openRegistry(ctx context.Context) error {
 		if err := json.Unmarshal(e.Value(), &s); err != nil || s.Table == "" || len(s.Columns) == 0 {
 			// A set that cannot be read would not be published, but a node
 			// may hold results keyed on it: no session starts without it.
-			return fmt.Errorf("publisher: registered tag set %s in bucket %s is unreadable (%v); delete the entry and restart the cache-nodes", k, tagSetsBucket(p.cfg.SubjectPrefix), err)
+			return fmt.Errorf("publisher: registered tag set %s in bucket %s is unreadable (%v); delete the entry and restart the cache-nodes", k, invalidation.TagSetsBucket(p.cfg.SubjectPrefix), err)
 		}
 		byTable[s.Table] = append(byTable[s.Table], s)
 		count++
@@ -401,10 +399,20 @@ func (p *Publisher) applyRegistrations(ctx context.Context, commit uint64) error
 				}
 				s := registeredSet{Table: table, Columns: set, From: commit}
 				b, _ := json.Marshal(&s)
-				if p.kv != nil {
-					if _, err := p.kv.Put(ctx, registeredKey(table, set), b); err != nil {
-						return fmt.Errorf("publisher: store registered tag set %s: %w", name, err)
-					}
+				if p.kv == nil {
+					refused[name] = "the invalidator has no KV bucket to keep it in"
+					continue
+				}
+				pctx, cancel := context.WithTimeout(ctx, registerStoreTimeout)
+				_, err := p.kv.Put(pctx, registeredKey(table, set), b)
+				cancel()
+				if err != nil {
+					// Not kept, not published: a restart would forget it.
+					// Replication goes on; the client may ask again.
+					p.m.registrations.WithLabelValues("not_stored").Inc()
+					p.cfg.Log.Error("could not keep a registered tag column set; not published", "set", name, "bucket", invalidation.TagSetsBucket(p.cfg.SubjectPrefix), "err", err)
+					refused[name] = "the invalidator could not keep it in its KV bucket: " + err.Error()
+					continue
 				}
 				p.reg.mu.Lock()
 				p.reg.byTable[table] = append(p.reg.byTable[table], s)
@@ -421,7 +429,7 @@ func (p *Publisher) applyRegistrations(ctx context.Context, commit uint64) error
 			}
 		}
 		if added > 0 {
-			p.m.registrations.Inc()
+			p.m.registrations.WithLabelValues("registered").Add(float64(added))
 			p.reg.mu.Lock()
 			p.m.registeredSets.Set(float64(p.reg.count))
 			p.reg.mu.Unlock()
