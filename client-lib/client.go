@@ -48,6 +48,17 @@ type Config struct {
 	// NoRegisterTagSets turns that registration off: results that would
 	// key on a set the invalidator does not publish use the table tag.
 	NoRegisterTagSets bool
+	// ClockGranularity is the width of clock buckets (0: the default, a
+	// minute; < 0: off). A query reading the transaction's start (now(),
+	// CURRENT_TIMESTAMP, CURRENT_DATE, CURRENT_TIME, LOCALTIMESTAMP,
+	// LOCALTIME, transaction_timestamp()) is cached per bucket: inside a
+	// read-only transaction it runs with "now" = the transaction's start
+	// rounded down to a multiple of the granularity since the Unix epoch,
+	// and the bucket is part of its key. Off, such queries run uncached.
+	ClockGranularity time.Duration
+	// ClockGranularities overrides ClockGranularity per query template
+	// (by its id, the pg_query fingerprint qumaana reports; <= 0: off).
+	ClockGranularities map[string]time.Duration
 	// Staleness is the default staleness limit of read-only transactions.
 	Staleness time.Duration
 	// L1Bytes is the in-process cache's byte budget (0: no L1).

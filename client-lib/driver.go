@@ -44,7 +44,9 @@ func init() { sql.Register(DriverName, registered) }
 // with an optional KiB, MiB or GiB suffix), larder.prefix (NATS subject
 // prefix), and the failure bounds (Go durations, see Config):
 // larder.node-timeout, larder.node-backoff, larder.pin-verify-timeout,
-// larder.pin-silence; larder.register-tag-sets=false keeps the client
+// larder.pin-silence; larder.clock-granularity (a Go duration, the width
+// of the clock buckets of queries reading now(); 0s: such queries run
+// uncached; see Config.ClockGranularity); larder.register-tag-sets=false keeps the client
 // from registering the QUMA file's tag column sets with the invalidator
 // (Config.NoRegisterTagSets). A read-only transaction
 // (sql.TxOptions{ReadOnly: true}) is a cached read-only transaction;
@@ -180,6 +182,15 @@ func ParseDSN(dsn string) (Config, error) {
 				"larder.node-timeout": &cfg.NodeTimeout, "larder.node-backoff": &cfg.NodeBackoff,
 				"larder.pin-verify-timeout": &cfg.PinVerifyTimeout, "larder.pin-silence": &cfg.PinSilence,
 			}[k] = d
+		case "larder.clock-granularity":
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > 24*time.Hour {
+				return cfg, fmt.Errorf("larder: larder.clock-granularity=%q: want a duration of at most 24h such as 1m (0s: clock-bound queries run uncached)", v)
+			}
+			cfg.ClockGranularity = d
+			if d == 0 {
+				cfg.ClockGranularity = -1
+			}
 		case "larder.register-tag-sets":
 			on, err := strconv.ParseBool(v)
 			if err != nil {

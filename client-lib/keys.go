@@ -142,3 +142,28 @@ func typeName(t reflect.Type) string {
 	}
 	return t.String()
 }
+
+// DefaultClockGranularity is the default width of clock buckets: a
+// clock-bound query (now(), CURRENT_DATE, … ; see quma.Template.ClockSQL)
+// sees "now" as its transaction's start rounded down to it.
+const DefaultClockGranularity = time.Minute
+
+// clockGranularity is the clock bucket width of a template (its
+// Config.ClockGranularities entry, else Config.ClockGranularity, else the
+// default); <= 0: clock-bound queries of it are not cached.
+func (c *Client) clockGranularity(templateID string) time.Duration {
+	if g, ok := c.cfg.ClockGranularities[templateID]; ok {
+		return g
+	}
+	if c.cfg.ClockGranularity != 0 {
+		return c.cfg.ClockGranularity
+	}
+	return DefaultClockGranularity
+}
+
+// clockBucket is begun rounded down to a multiple of g since the Unix
+// epoch, in UTC: the same instant for every process and time zone.
+func clockBucket(begun time.Time, g time.Duration) time.Time {
+	ns := begun.UnixNano()
+	return time.Unix(0, ns-((ns%int64(g))+int64(g))%int64(g)).UTC()
+}

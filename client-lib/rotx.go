@@ -63,7 +63,10 @@ type ROTx struct {
 	done     bool
 	now      bool
 	held     map[string]bool // tables locked and checked (holdTables)
-	trace    []string        // where each result came from, for diagnostics
+	// begun is when the transaction began: its clock buckets (the "now"
+	// of clock-bound queries) are this time rounded down.
+	begun time.Time
+	trace []string // where each result came from, for diagnostics
 }
 
 // BeginRO starts a read-only transaction with a staleness limit (0: the
@@ -78,7 +81,7 @@ func (c *Client) beginRO(ctx context.Context, staleness time.Duration, session *
 	if staleness <= 0 {
 		staleness = c.cfg.Staleness
 	}
-	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), session: session, scope: scope}
+	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), session: session, scope: scope, begun: time.Now()}
 	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN(ctx))
 	if len(t.cands) == 0 {
 		// No pin fits: a snapshot taken now, placed by the pincushion.
@@ -374,11 +377,23 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		t.c.m.uncacheable(reason)
 		return t.atSnapshot(ctx, sql, args, k.coveredOf(tpl.Deps))
 	}
+	// A query reading the transaction's start runs with "now" fixed to
+	// the transaction's clock bucket, which its key includes.
+	runSQL, runArgs := sql, args
+	if tpl.ClockSQL != "" {
+		g := t.c.clockGranularity(tpl.ID)
+		if g <= 0 || len(args) != tpl.NumParams {
+			t.c.stats.Uncacheable.Add(1)
+			t.c.m.uncacheable("reads the clock (clock buckets off)")
+			return t.atSnapshot(ctx, sql, args, tables)
+		}
+		runSQL, runArgs = tpl.ClockSQL, append(args[:len(args):len(args)], clockBucket(t.begun, g))
+	}
 	scopeKey := t.scope.key
 	if t.sqlFormats {
 		scopeKey += "\nformats=database/sql"
 	}
-	key, err := t.c.key(scopeKey, sql, args)
+	key, err := t.c.key(scopeKey, sql, runArgs)
 	if err != nil {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable("parameters: cannot be keyed")
@@ -429,17 +444,17 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return nil, err
 	}
 	if t.fallback { // no pin left: uncached
-		return t.onDB(ctx, sql, args)
+		return t.onDB(ctx, runSQL, runArgs)
 	}
 	// Identical misses at the same snapshot load once. Every transaction
 	// holds its tables before it loads or waits (fix), so no load waits
 	// for a lock, and no waiter for a load that does.
 	v, err, shared := t.c.flight.Do(fmt.Sprintf("%x@%d", key, t.ts), func() (any, error) {
-		return t.onDB(ctx, sql, args)
+		return t.onDB(ctx, runSQL, runArgs)
 	})
 	if planChanged(err) {
 		shared = false
-		v, err = t.replan(ctx, sql, args, tables)
+		v, err = t.replan(ctx, runSQL, runArgs, tables)
 	}
 	if err != nil {
 		return nil, err
@@ -507,6 +522,9 @@ func (t *ROTx) atSnapshot(ctx context.Context, sql string, args []any, tables []
 
 // onDB runs a query in the PostgreSQL transaction.
 func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error) {
+	if w, ok := wireOf(args); ok { // a statement as a client sent it (raw.go)
+		return w.run(ctx, pgConnOf(t.conn))
+	}
 	if t.sqlFormats {
 		args = append([]any{databaseSQLResultFormats}, args...)
 	}

@@ -105,8 +105,15 @@ func analyzeSQL(schema *Schema, sql string, sets map[string][][]string) (t *Temp
 			an.refuse("writes (a data-modifying WITH)")
 		}
 		t.Rewrite = an.rewrite
+		if len(an.uncacheable) == 0 && an.clock {
+			if t.ClockSQL = clockSQL(sql, t.NumParams); t.ClockSQL == "" {
+				an.refuse("reads the clock in a form that cannot be fixed to a bucket")
+				t.Rewrite = timeRewrite
+			}
+		}
 		if len(an.uncacheable) > 0 {
 			t.Reason = strings.Join(uniqueStrings(an.uncacheable), "; ")
+			t.ClockSQL = ""
 		} else {
 			t.Cacheable = true
 		}

@@ -162,10 +162,10 @@ func TestCacheability(t *testing.T) {
 		sql, reason string
 		rewrite     bool
 	}{
-		{"SELECT * FROM items WHERE end_date >= now()", "clock", true},
-		{"SELECT * FROM items WHERE end_date >= CURRENT_TIMESTAMP", "clock", true},
 		{"SELECT * FROM items WHERE end_date >= 'now'::timestamp", "clock", true},
-		{"SELECT * FROM items WHERE end_date >= current_date", "clock", true},
+		{"SELECT * FROM items WHERE end_date >= CURRENT_TIMESTAMP(3)", "clock", true},
+		{"SELECT * FROM items WHERE end_date >= clock_timestamp()", "clock", true},
+		{"SELECT * FROM items WHERE end_date >= statement_timestamp()", "clock", true},
 		{"SELECT random(), id FROM items", "volatile", false},
 		{"SELECT nextval('s')", "volatile", false},
 		{"SELECT * FROM items WHERE id = $1 FOR UPDATE", "FOR UPDATE", false},
@@ -262,7 +262,7 @@ func TestTagsInstantiate(t *testing.T) {
 	if _, err := tpl.Tags(nil); !errors.As(err, &pe) || pe.Param != 1 {
 		t.Errorf("missing parameter: %v", err)
 	}
-	uc := prepare(t, "SELECT now()")
+	uc := prepare(t, "SELECT clock_timestamp()")
 	if _, err := uc.Tags(nil); !errors.Is(err, ErrNotCacheable) {
 		t.Errorf("uncacheable: %v", err)
 	}
@@ -338,5 +338,36 @@ func TestInventoryFigure3(t *testing.T) {
 	}
 	if want := "public.inv(name)"; !strings.Contains(strings.Join(u2.Publishes, " "), want) {
 		t.Errorf("U2 publishes %v, want %s", u2.Publishes, want)
+	}
+}
+
+// Reads of the transaction's start are cacheable: ClockSQL replaces each
+// by the next parameter, cast to the read's type, and keeps the rest.
+func TestClockBoundQueries(t *testing.T) {
+	cases := []struct{ sql, want string }{
+		{"SELECT * FROM items WHERE end_date >= now()", "end_date >= $1::timestamptz"},
+		{"SELECT * FROM items WHERE end_date >= CURRENT_TIMESTAMP AND id = $1", "end_date >= $2::timestamptz AND id = $1"},
+		{"SELECT * FROM items WHERE end_date >= current_date", "end_date >= $1::timestamptz::date"},
+		{"SELECT localtimestamp, localtime, current_time, transaction_timestamp(), pg_catalog.now() FROM items WHERE id = $2",
+			"$3::timestamptz::timestamp, $3::timestamptz::time, $3::timestamptz::timetz, $3::timestamptz, $3::timestamptz"},
+		{"SELECT id FROM items WHERE end_date > now() - interval '1 day' ORDER BY end_date", "end_date > ($1::timestamptz - '1 day'::interval)"},
+	}
+	for _, c := range cases {
+		tpl := prepare(t, c.sql)
+		if !tpl.Cacheable {
+			t.Errorf("%s: not cacheable: %s", c.sql, tpl.Reason)
+			continue
+		}
+		got := strings.NewReplacer("pg_catalog.", "", "timestamp with time zone", "timestamptz", "time with time zone", "timetz").Replace(tpl.ClockSQL)
+		if !strings.Contains(got, c.want) {
+			t.Errorf("%s: ClockSQL %q, want it to hold %q", c.sql, tpl.ClockSQL, c.want)
+		}
+	}
+	if tpl := prepare(t, "SELECT name FROM items WHERE id = $1"); tpl.ClockSQL != "" {
+		t.Errorf("a query without clock reads has ClockSQL %q", tpl.ClockSQL)
+	}
+	// A user function named now, in another schema, is not the clock.
+	if tpl := prepare(t, "SELECT * FROM items WHERE end_date >= other.now()"); tpl.ClockSQL != "" {
+		t.Errorf("other.now(): ClockSQL %q", tpl.ClockSQL)
 	}
 }

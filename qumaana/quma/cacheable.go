@@ -73,7 +73,7 @@ func init() {
 // when cast to a date or time type ('now'::timestamp).
 var timeWords = map[string]bool{"now": true, "today": true, "tomorrow": true, "yesterday": true}
 
-const timeRewrite = "pass the time as a parameter (rounded to a bucket, e.g. $now truncated to the minute) instead of calling now()/CURRENT_TIMESTAMP"
+const timeRewrite = "use now()/CURRENT_TIMESTAMP/CURRENT_DATE (cached per clock bucket), or pass the time as a parameter (rounded to a bucket, e.g. $now truncated to the minute)"
 
 // checkCacheable walks the whole statement for what makes a result
 // non-reproducible from a snapshot.
@@ -81,15 +81,20 @@ func (a *analysis) checkCacheable(n *pg.Node) {
 	walk(n, func(m proto.Message) bool {
 		switch x := m.(type) {
 		case *pg.FuncCall:
+			if isClockCall(x) {
+				a.clock = true // the transaction's start: clock-bound (clock.go)
+				break
+			}
 			a.function(x.GetFuncname())
 		case *pg.SQLValueFunction:
+			if _, ok := clockValueTypes[x.GetOp()]; ok {
+				a.clock = true
+				break
+			}
 			switch x.GetOp() {
-			case pg.SQLValueFunctionOp_SVFOP_CURRENT_DATE, pg.SQLValueFunctionOp_SVFOP_CURRENT_TIME,
-				pg.SQLValueFunctionOp_SVFOP_CURRENT_TIME_N, pg.SQLValueFunctionOp_SVFOP_CURRENT_TIMESTAMP,
-				pg.SQLValueFunctionOp_SVFOP_CURRENT_TIMESTAMP_N, pg.SQLValueFunctionOp_SVFOP_LOCALTIME,
-				pg.SQLValueFunctionOp_SVFOP_LOCALTIME_N, pg.SQLValueFunctionOp_SVFOP_LOCALTIMESTAMP,
-				pg.SQLValueFunctionOp_SVFOP_LOCALTIMESTAMP_N:
-				a.refuse("reads the clock (CURRENT_DATE/CURRENT_TIMESTAMP/LOCALTIME...)")
+			case pg.SQLValueFunctionOp_SVFOP_CURRENT_TIME_N, pg.SQLValueFunctionOp_SVFOP_CURRENT_TIMESTAMP_N,
+				pg.SQLValueFunctionOp_SVFOP_LOCALTIME_N, pg.SQLValueFunctionOp_SVFOP_LOCALTIMESTAMP_N:
+				a.refuse("reads the clock with a precision (CURRENT_TIMESTAMP(p)/LOCALTIME(p)...)")
 				a.rewrite = timeRewrite
 			}
 		case *pg.TypeCast:

@@ -100,7 +100,10 @@ type analysis struct {
 	// uncacheable reasons found while walking (first one wins for reporting).
 	uncacheable []string
 	rewrite     string
-	depth       int
+	// clock: the statement reads the transaction's start (now(),
+	// CURRENT_DATE, …), which a client fixes to a clock bucket (clock.go).
+	clock bool
+	depth int
 	// outputNames are the select lists' aliases anywhere in the statement
 	// (ORDER BY and GROUP BY may name them); nil until first needed.
 	root        proto.Message

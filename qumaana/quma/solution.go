@@ -30,11 +30,14 @@ type Solution struct {
 
 // QueryEntry is one query template of the workload.
 type QueryEntry struct {
-	ID        string     `json:"id"`
-	SQL       string     `json:"sql"`
-	Cacheable bool       `json:"cacheable"`
-	Reason    string     `json:"reason"`
-	Rewrite   string     `json:"rewrite,omitempty"`
+	ID        string `json:"id"`
+	SQL       string `json:"sql"`
+	Cacheable bool   `json:"cacheable"`
+	Reason    string `json:"reason"`
+	Rewrite   string `json:"rewrite,omitempty"`
+	// Clock: the query reads the transaction's start (now(), CURRENT_DATE,
+	// …); clients cache it per clock bucket (Template.ClockSQL).
+	Clock     bool       `json:"clock,omitempty"`
 	Frequency int64      `json:"frequency"`
 	Source    string     `json:"source,omitempty"`
 	Tags      []TagEntry `json:"tags"`
@@ -199,7 +202,7 @@ func AnalyzeWorkload(schema *Schema, workload []Statement) (*Solution, error) {
 	}
 
 	for _, q := range queries {
-		e := QueryEntry{ID: q.t.ID, SQL: q.t.SQL, Cacheable: q.t.Cacheable, Reason: q.t.Reason, Rewrite: q.t.Rewrite,
+		e := QueryEntry{ID: q.t.ID, SQL: q.t.SQL, Cacheable: q.t.Cacheable, Reason: q.t.Reason, Rewrite: q.t.Rewrite, Clock: q.t.ClockSQL != "",
 			Frequency: q.st.Frequency, Source: q.st.Source, Tags: []TagEntry{}}
 		for _, d := range q.t.Deps {
 			e.Tags = append(e.Tags, tagEntries(d)...)

@@ -28,6 +28,13 @@ type Template struct {
 	Reason    string // why not cacheable
 	Rewrite   string // how to make it cacheable, when known
 	NumParams int    // highest $n used
+	// ClockSQL is set for a cacheable query that reads the transaction's
+	// start (now(), CURRENT_TIMESTAMP, CURRENT_DATE, CURRENT_TIME,
+	// LOCALTIMESTAMP, LOCALTIME, transaction_timestamp()): the statement with
+	// each such read replaced by $(NumParams+1)::timestamptz (cast to the
+	// read's type). A client runs ClockSQL with its clock bucket as that
+	// parameter and keys the result on the bucket (see clock.go).
+	ClockSQL string
 	// Deps lists, for a query, what its result depends on: one per table
 	// reference (identical references merged).
 	Deps []Dep
