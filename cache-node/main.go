@@ -15,9 +15,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/nats-io/nats.go"
 
 	"github.com/larderdb/larder/cache-node/daemon"
+	"github.com/larderdb/larder/cache-node/overlay"
 	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/internal/bytesize"
 	"github.com/larderdb/larder/internal/invalidation"
@@ -41,6 +43,10 @@ type options struct {
 	maxInFlight                            int64
 	maxConns                               int
 	idleTimeout, readTimeout, writeTimeout time.Duration
+	// the libp2p overlay (off without p2pListen)
+	p2pListen, p2pKey, p2pPSK, p2pAllow, p2pBootstrap string
+	p2pInsecure, p2pShowID                            bool
+	p2pTimeout                                        time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -67,8 +73,22 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.readTimeout, "read-timeout", 30*time.Second, "time to receive a whole frame once its first byte arrived, and to finish the TLS handshake")
 	fs.DurationVar(&o.writeTimeout, "write-timeout", 30*time.Second, "time to send an answer")
 	fs.StringVar(&o.redisPasswordFile, "redis-password-file", os.Getenv("LARDER_REDIS_PASSWORD_FILE"), "file holding the Redis password, so that --store need not carry it (env LARDER_REDIS_PASSWORD_FILE)")
+	fs.StringVar(&o.p2pListen, "p2p-listen", "", "join the libp2p overlay, listening on these TCP addresses (comma-separated multiaddrs or host:port); keys another member masters are then forwarded to it (empty: no overlay)")
+	fs.StringVar(&o.p2pKey, "p2p-key", os.Getenv("LARDER_NODE_P2P_KEY"), "file of the node's Ed25519 libp2p identity, made (mode 0600) on first start (env LARDER_NODE_P2P_KEY)")
+	fs.StringVar(&o.p2pPSK, "p2p-psk", os.Getenv("LARDER_NODE_P2P_PSK"), "the overlay's pre-shared network key, a /key/swarm/psk/1.0.0/ file (env LARDER_NODE_P2P_PSK)")
+	fs.StringVar(&o.p2pAllow, "p2p-allow", os.Getenv("LARDER_NODE_P2P_ALLOW"), "file of the peer IDs admitted to the overlay, one a line (env LARDER_NODE_P2P_ALLOW)")
+	fs.StringVar(&o.p2pBootstrap, "p2p-bootstrap", "", "members to join through: comma-separated multiaddrs ending in /p2p/PEER-ID")
+	fs.BoolVar(&o.p2pInsecure, "p2p-insecure-open", false, "run the overlay without --p2p-psk or --p2p-allow (whoever can reach it can join and serve forged results to every member)")
+	fs.DurationVar(&o.p2pTimeout, "p2p-timeout", 2*time.Second, "deadline of a request forwarded to a key's master")
+	fs.BoolVar(&o.p2pShowID, "p2p-show-id", false, "print the peer ID of --p2p-key (making the key if there is none) and exit")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	if o.p2pShowID {
+		if o.p2pKey == "" {
+			return o, errors.New("--p2p-show-id needs --p2p-key")
+		}
+		return o, nil
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
@@ -109,7 +129,33 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.redisPasswordFile != "" && o.store == "memory" {
 		return o, errors.New("--redis-password-file needs a redis:// --store")
 	}
-	return o, nil
+	return o, o.checkOverlayFlags()
+}
+
+// checkOverlayFlags: the overlay is off without --p2p-listen; with it, it
+// needs an identity and, unless --p2p-insecure-open, both the pre-shared
+// key and the allow-list.
+func (o *options) checkOverlayFlags() error {
+	if o.p2pListen == "" {
+		if o.p2pPSK != "" || o.p2pAllow != "" || o.p2pBootstrap != "" || o.p2pInsecure {
+			return errors.New("--p2p-psk, --p2p-allow, --p2p-bootstrap and --p2p-insecure-open need --p2p-listen")
+		}
+		return nil
+	}
+	if o.p2pKey == "" {
+		return errors.New("--p2p-listen needs --p2p-key (the node's identity file, made on first start)")
+	}
+	if o.p2pTimeout <= 0 {
+		return errors.New("--p2p-timeout must be positive")
+	}
+	full := o.p2pPSK != "" && o.p2pAllow != ""
+	switch {
+	case full && o.p2pInsecure:
+		return errors.New("--p2p-insecure-open and --p2p-psk with --p2p-allow contradict each other")
+	case !full && !o.p2pInsecure:
+		return errors.New("the overlay must be authenticated: give --p2p-psk (the pre-shared network key) and --p2p-allow (the members' peer IDs), or --p2p-insecure-open to let in whoever can connect")
+	}
+	return nil
 }
 
 func parseBytes(s string) (int64, error) {
@@ -141,6 +187,9 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "cache-node: --log-level:", err)
 		return 2
 	}
+	if o.p2pShowID {
+		return showPeerID(o.p2pKey, os.Stdout, stderr)
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -148,6 +197,10 @@ func run(args []string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "cache-node:", err)
 		return 2
+	}
+	if o.p2pInsecure {
+		log.Warn("the overlay runs without full admission (--p2p-insecure-open): whoever can reach it can join, master keys and serve forged results to every member",
+			"p2p_listen", o.p2pListen, "psk", o.p2pPSK != "", "allow_list", o.p2pAllow != "")
 	}
 	if o.insecure {
 		log.Warn("serving without authentication (--insecure-no-auth): anyone who can connect can read and forge cached results", "listen", o.listen)
@@ -182,6 +235,13 @@ func (o options) daemon() (daemon.Options, error) {
 		}
 		d.NATSOptions = append(d.NATSOptions, opt)
 	}
+	if o.p2pListen != "" {
+		ov, err := o.overlayConfig()
+		if err != nil {
+			return d, err
+		}
+		d.Overlay = ov
+	}
 	if o.redisPasswordFile != "" {
 		pw, err := secret.FromFile(o.redisPasswordFile)
 		if err != nil {
@@ -199,4 +259,46 @@ func (o options) daemon() (daemon.Options, error) {
 		d.Store = u.String()
 	}
 	return d, nil
+}
+
+// overlayConfig reads the overlay's key files and peers.
+func (o options) overlayConfig() (*overlay.Config, error) {
+	cfg := &overlay.Config{KeyFile: o.p2pKey, Insecure: o.p2pInsecure, RequestTimeout: o.p2pTimeout, MaxFrame: o.maxFrame}
+	for _, a := range strings.Split(o.p2pListen, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			cfg.Listen = append(cfg.Listen, a)
+		}
+	}
+	var err error
+	if o.p2pPSK != "" {
+		if cfg.PSK, err = overlay.ReadPSK(o.p2pPSK); err != nil {
+			return nil, fmt.Errorf("--p2p-psk: %w", err)
+		}
+	}
+	if o.p2pAllow != "" {
+		if cfg.Allow, err = overlay.ReadAllowList(o.p2pAllow); err != nil {
+			return nil, fmt.Errorf("--p2p-allow: %w", err)
+		}
+	}
+	if o.p2pBootstrap != "" {
+		if cfg.Bootstrap, err = overlay.ParseBootstrap(strings.Split(o.p2pBootstrap, ",")); err != nil {
+			return nil, fmt.Errorf("--p2p-bootstrap: %w", err)
+		}
+	}
+	return cfg, nil
+}
+
+// showPeerID prints the peer ID of the identity in keyFile, making one if
+// there is none: what the other members put on their allow-lists.
+func showPeerID(keyFile string, stdout, stderr io.Writer) int {
+	k, err := overlay.LoadOrCreateIdentity(keyFile)
+	if err == nil {
+		var id peer.ID
+		if id, err = peer.IDFromPrivateKey(k); err == nil {
+			fmt.Fprintln(stdout, id)
+			return 0
+		}
+	}
+	fmt.Fprintln(stderr, "cache-node: --p2p-key:", err)
+	return 1
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/larderdb/larder/cache-node/node"
+	"github.com/larderdb/larder/cache-node/overlay"
 	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/cache-node/redisstore"
 	"github.com/larderdb/larder/cache-node/store"
@@ -45,6 +46,15 @@ type Options struct {
 	MaxInFlight                            int64
 	MaxConns                               int
 	IdleTimeout, ReadTimeout, WriteTimeout time.Duration
+	// Overlay, when set, makes the node a member of the libp2p overlay
+	// (package overlay): a lookup or put of a key another live member
+	// masters is forwarded to that member, whatever the client asked
+	// (nothing is kept here); the others are answered by this node.
+	// Handler and Registry are the node's; Log defaults to the node's.
+	// Nil: no overlay, every key is answered here.
+	Overlay *overlay.Config
+	// OverlayStarted, if set, is called with the overlay once it runs.
+	OverlayStarted func(*overlay.Overlay)
 }
 
 // Run runs a cache-node until ctx ends; ready, if not nil, receives the
@@ -100,7 +110,25 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 		go func() { _ = srv.Serve(mln) }()
 		defer srv.Close()
 	}
-	log.Info("serving", "addr", ln.Addr().String(), "store", storeName(o.Store), "budget", o.Memory, "tls", o.TLS != nil,
+	handler := n.Handler()
+	if o.Overlay != nil {
+		cfg := *o.Overlay
+		cfg.Handler, cfg.Registry = handler, reg
+		if cfg.Log == nil {
+			cfg.Log = log
+		}
+		ov, err := overlay.Start(ctx, cfg)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer ov.Close()
+		handler = ov.Handler()
+		if o.OverlayStarted != nil {
+			o.OverlayStarted(ov)
+		}
+	}
+	log.Info("serving", "addr", ln.Addr().String(), "store", storeName(o.Store), "budget", o.Memory, "tls", o.TLS != nil, "overlay", o.Overlay != nil,
 		"client_auth", o.TLS != nil && o.TLS.ClientAuth == tls.RequireAndVerifyClientCert)
 	if ready != nil {
 		ready <- ln.Addr().String()
@@ -110,7 +138,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 	nctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { nodeErr <- n.Run(nctx) }()
-	srv := &protocol.Server{Handler: n.Handler(), MaxFrame: o.MaxFrame, MaxInFlight: o.MaxInFlight,
+	srv := &protocol.Server{Handler: handler, MaxFrame: o.MaxFrame, MaxInFlight: o.MaxInFlight,
 		MaxConns: o.MaxConns, IdleTimeout: o.IdleTimeout, ReadTimeout: o.ReadTimeout,
 		WriteTimeout: o.WriteTimeout, Log: log}
 	reg.MustRegister(srv.Collector())
