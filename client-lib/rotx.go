@@ -522,9 +522,6 @@ func (t *ROTx) atSnapshot(ctx context.Context, sql string, args []any, tables []
 
 // onDB runs a query in the PostgreSQL transaction.
 func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error) {
-	if w, ok := wireOf(args); ok { // a statement as a client sent it (raw.go)
-		return w.run(ctx, pgConnOf(t.conn))
-	}
 	if t.sqlFormats {
 		args = append([]any{databaseSQLResultFormats}, args...)
 	}
