@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/larderdb/larder/cache-node/daemon"
 	"github.com/larderdb/larder/internal/history"
@@ -474,9 +475,26 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 			t.Errorf("restart NATS: %v", err)
 		}
 	}()
-	var reads, retries atomic.Int64
+	var reads, retries, functionReads atomic.Int64
 	var txMu sync.Mutex
 	var txs []history.ReadTx
+	// A cacheable function reading several rows (and one calling it):
+	// their entries must equal one snapshot as the queries' do.
+	rowsOf := NewFunction("history-rows", func(ctx context.Context, tx *ROTx, ids []int) (map[int]history.Row, error) {
+		out := map[int]history.Row{}
+		for _, id := range ids {
+			var row history.Row
+			if err := tx.QueryRow(ctx, readBalanceVer, []any{id}, &row.Balance, &row.Ver); err != nil {
+				return nil, err
+			}
+			out[id] = row
+		}
+		return out, nil
+	})
+	pairOf := NewFunction("history-pair", func(ctx context.Context, tx *ROTx, ids [2]int) (map[int]history.Row, error) {
+		return rowsOf.Call(ctx, tx, ids[:])
+	})
+	subsets := [][]int{{1, 2}, {2, 3, 4}, {1, 2, 3, 4}, {4, 1}}
 	for rd := 0; rd < 3; rd++ {
 		wg.Add(1)
 		go func(seed int64) {
@@ -501,7 +519,27 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 					order = order[:1+r.Intn(accounts)]
 				}
 				var rerr error
+				if r.Intn(3) == 0 {
+					// Through the cacheable functions, then maybe a row.
+					var m map[int]history.Row
+					if r.Intn(2) == 0 {
+						m, rerr = rowsOf.Call(context.Background(), tx, subsets[r.Intn(len(subsets))])
+					} else {
+						m, rerr = pairOf.Call(context.Background(), tx, [2]int{1 + r.Intn(2), 3 + r.Intn(2)})
+					}
+					for id, row := range m {
+						rt.Reads[id] = row
+						order0 = append(order0, -id)
+					}
+					if rerr == nil {
+						functionReads.Add(1)
+					}
+					order = order[:r.Intn(2)]
+				}
 				for _, i := range order {
+					if rerr != nil {
+						break
+					}
 					var row history.Row
 					if rerr = tx.QueryRow(context.Background(), readBalanceVer, []any{i + 1}, &row.Balance, &row.Ver); rerr != nil {
 						break
@@ -529,8 +567,12 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 	}
 	wg.Wait()
 	st := c.Stats()
-	t.Logf("%d transfers, %d read-only transactions (%d retried, %d at fresh snapshots): %d L1 hits, %d node hits, %d misses, %d fallbacks",
-		transfers.Load(), reads.Load(), retries.Load(), st.NowSnapshots.Load(), st.L1Hits.Load(), st.NodeHits.Load(), st.Misses.Load(), st.Fallbacks.Load())
+	fnHits := testutil.ToFloat64(c.m.functionCalls.WithLabelValues("l1")) + testutil.ToFloat64(c.m.functionCalls.WithLabelValues("node"))
+	t.Logf("%d transfers, %d read-only transactions (%d retried, %d at fresh snapshots, %d through cacheable functions, %.0f function hits): %d L1 hits, %d node hits, %d misses, %d fallbacks",
+		transfers.Load(), reads.Load(), retries.Load(), st.NowSnapshots.Load(), functionReads.Load(), fnHits, st.L1Hits.Load(), st.NodeHits.Load(), st.Misses.Load(), st.Fallbacks.Load())
+	if functionReads.Load() > 100 && fnHits == 0 {
+		t.Error("the cacheable functions were never served from the cache: that path went unchecked")
+	}
 	if st.NowSnapshots.Load() == 0 {
 		t.Error("no transaction ran at a fresh snapshot: that path went unchecked")
 	}

@@ -44,6 +44,9 @@ type clientMetrics struct {
 	// on took effect after their snapshot.
 	registrations *prometheus.CounterVec
 	earlyPuts     prometheus.Counter
+	// functionCalls: cacheable function calls, by outcome (l1, node:
+	// hits; run: run and cached; uncacheable: run, not cached).
+	functionCalls *prometheus.CounterVec
 	mu            sync.Mutex
 	seenReasons   map[string]bool
 }
@@ -68,7 +71,11 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		schemaReloads:    prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_schema_reloads_total", Help: "Reloads of the live catalog and of the invalidator's coverage after a schema change."}),
 		registrations:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_tag_set_registrations_total", Help: "Tag column sets of the QUMA file the client asked the invalidator to publish, by outcome: registered, refused (the invalidator's reason is logged), failed (asked again at the next reload)."}, []string{"outcome"}),
 		earlyPuts:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_puts_before_tag_set_total", Help: "Results not put on a cache-node because a tag column set they key on was registered after their snapshot (kept in the L1 only)."}),
+		functionCalls:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_function_calls_total", Help: "Cacheable function calls, by outcome: l1 and node (hits), run (run and cached), uncacheable (run, not cached: it read something uncacheable)."}, []string{"outcome"}),
 		seenReasons:      map[string]bool{},
+	}
+	for _, o := range []string{"l1", "node", "run", "uncacheable"} {
+		m.functionCalls.WithLabelValues(o)
 	}
 	for _, o := range []string{"registered", "refused", "failed"} {
 		m.registrations.WithLabelValues(o)
@@ -81,7 +88,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.sessionsDropped, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
-			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts)
+			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.functionCalls)
 	}
 	return m
 }

@@ -66,7 +66,10 @@ type ROTx struct {
 	// begun is when the transaction began: its clock buckets (the "now"
 	// of clock-bound queries) are this time rounded down.
 	begun time.Time
-	trace []string // where each result came from, for diagnostics
+	// frames are the cacheable functions running (function.go), innermost
+	// last: every read is recorded in each.
+	frames []*frame
+	trace  []string // where each result came from, for diagnostics
 }
 
 // BeginRO starts a read-only transaction with a staleness limit (0: the
@@ -342,11 +345,13 @@ func (t *ROTx) Range() (lo, hi uint64) {
 
 func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, error) {
 	if t.fallback {
+		t.noteUncacheable("the transaction reads uncached (no usable pin)")
 		return t.onDB(ctx, sql, args)
 	}
 	if t.scope.temp {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable("the session has temporary tables")
+		t.noteUncacheable("the session has temporary tables")
 		return t.atSnapshot(ctx, sql, args, nil)
 	}
 	k := t.c.keying.Load()
@@ -360,12 +365,14 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 			tables = k.coveredOf(tpl.Deps)
 		}
 		t.c.m.uncacheable(reason)
+		t.noteUncacheable(reason)
 		return t.atSnapshot(ctx, sql, args, tables)
 	}
 	qtags, err := tpl.Tags(args)
 	if err != nil {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable("parameters: " + err.Error())
+		t.noteUncacheable("parameters: " + err.Error())
 		return t.atSnapshot(ctx, sql, args, k.coveredOf(tpl.Deps))
 	}
 	tables := make([]string, 0, len(qtags))
@@ -375,6 +382,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if reason, ok := k.uncovered(tables); ok {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable(reason)
+		t.noteUncacheable(reason)
 		return t.atSnapshot(ctx, sql, args, k.coveredOf(tpl.Deps))
 	}
 	// A query reading the transaction's start runs with "now" fixed to
@@ -385,8 +393,12 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		if g <= 0 || len(args) != tpl.NumParams {
 			t.c.stats.Uncacheable.Add(1)
 			t.c.m.uncacheable("reads the clock (clock buckets off)")
+			t.noteUncacheable("reads the clock")
 			return t.atSnapshot(ctx, sql, args, tables)
 		}
+		// A function's key does not hold the bucket: a function reading
+		// the clock is not cached.
+		t.noteUncacheable("reads the clock")
 		runSQL, runArgs = tpl.ClockSQL, append(args[:len(args):len(args)], clockBucket(t.begun, g))
 	}
 	scopeKey := t.scope.key
@@ -397,8 +409,10 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if err != nil {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable("parameters: cannot be keyed")
+		t.noteUncacheable("parameters: cannot be keyed")
 		return t.atSnapshot(ctx, sql, args, tables)
 	}
+	t.noteRead(qtags)
 	tmin, tmax := t.Range()
 
 	if t.c.l1 != nil {
