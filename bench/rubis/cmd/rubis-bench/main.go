@@ -121,6 +121,7 @@ func run() error {
 	out := flag.String("out", "bench/rubis/results", "output folder")
 	skipLoad := flag.Bool("skip-load", false, "reuse the data already loaded")
 	loadOnly := flag.Bool("load-only", false, "load the data and stop")
+	flag.BoolVar(&sqlNow, "sql-now", false, "the application's time-dependent reads use RUBiS's original end_date >= NOW() (cached per clock bucket by Larder) instead of a $now parameter it rounds to a minute itself")
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	flag.Parse()
 
@@ -210,7 +211,7 @@ func run() error {
 		}
 	}
 	machine := fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode; "+
-		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets)
+		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v; NOW() in SQL: %v", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow)
 	var variants []variant
 	for _, mode := range modeList {
 		if u, ok := urls[mode]; ok {
@@ -398,6 +399,9 @@ func openMode(mode, label string, env map[string]string) (*sql.DB, error) {
 // column sets with the invalidator (--register-tag-sets).
 var registerTagSets = true
 
+// sqlNow: the application runs RUBiS's original NOW() SQL (--sql-now).
+var sqlNow bool
+
 // modeDSN is the larder DSN of a mode.
 func modeDSN(mode, label string, env map[string]string) string {
 	u, err := url.Parse(env["LARDER_DSN"])
@@ -472,7 +476,7 @@ func writeQUMA(ctx context.Context, pgURL, dir string) (string, error) {
 
 // serve runs the application on a free port.
 func serve(db *sql.DB, staleness time.Duration, sessions bool) (string, func(), error) {
-	a, err := app.New(app.Config{DB: db, ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, staleness) }})
+	a, err := app.New(app.Config{DB: db, UseSQLNow: sqlNow, ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, staleness) }})
 	if err != nil {
 		return "", nil, err
 	}
