@@ -342,10 +342,17 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 
 // pureRead reports whether a statement can neither write nor change the
 // session: a query qumaana finds cacheable (no writes, no volatile or
-// unknown functions). Anything else may have done either.
-func (c *conn) pureRead(query string) bool {
+// unknown functions). Anything else may have written. neutral reports
+// whether it cannot have changed the session's roles or settings (a pure
+// read, or a SELECT or DML of built-ins on tables that run no user code:
+// quma.Template.SessionNeutral); after any other statement the session's
+// key scope is read again.
+func (c *conn) pureRead(query string) (pure, neutral bool) {
 	tpl, err := c.c.keying.Load().analyzer(c.scope.path).Prepare(query)
-	return err == nil && tpl.Cacheable
+	if err != nil {
+		return false, false
+	}
+	return tpl.Cacheable, tpl.Cacheable || tpl.SessionNeutral
 }
 
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
@@ -360,8 +367,8 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 		}
 		return newCachedRows(rows, c.Conn.Conn().TypeMap()), nil
 	}
-	pure := c.pureRead(query)
-	if !pure {
+	pure, neutral := c.pureRead(query)
+	if !neutral {
 		c.scopeStale = true
 	}
 	rows, err := c.Conn.QueryContext(ctx, query, args)
@@ -378,8 +385,8 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if c.ro != nil {
 		return nil, errors.New("larder: a read-only transaction cannot execute statements that write")
 	}
-	pure := c.pureRead(query)
-	if !pure {
+	pure, neutral := c.pureRead(query)
+	if !neutral {
 		c.scopeStale = true
 	}
 	res, err := c.Conn.ExecContext(ctx, query, args)

@@ -94,6 +94,7 @@ func analyzeSQL(schema *Schema, sql string, sets map[string][][]string) (t *Temp
 		return t, nil, nil
 	}
 	n := stmts[0].GetStmt()
+	t.SessionNeutral = sessionNeutral(schema, n)
 	if sel := n.GetSelectStmt(); sel != nil {
 		t.Kind = KindQuery
 		an := &analysis{schema: schema, root: n}

@@ -41,6 +41,13 @@ type Table struct {
 	IdentityColumns []string `json:"identity_columns,omitempty"`
 	// Temporary marks a temporary table; reads of it are not cacheable.
 	Temporary bool `json:"temporary,omitempty"`
+	// RunsCode marks a table whose reads or writes may run user code: user
+	// triggers, rules, row security policies, column defaults or generated
+	// columns calling functions outside pg_catalog, inheritance children.
+	// Statements on it may change the session's settings (see session.go).
+	// Known from a live catalog only; a schema read from DDL leaves it
+	// false, and clients use the live catalog.
+	RunsCode bool `json:"runs_code,omitempty"`
 }
 
 // Column is one column of a table.

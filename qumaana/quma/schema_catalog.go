@@ -81,7 +81,16 @@ func catalogTempName(s *Schema, relname string) string {
 func catalogTables(ctx context.Context, conn *pgx.Conn, s *Schema) (map[uint32]*catalogTable, error) {
 	// Temporary tables come last so that they shadow their namesakes.
 	rows, err := conn.Query(ctx, `
-SELECT c.oid, n.nspname::text, c.relname::text, c.relreplident::text, c.relpersistence = 't'
+SELECT c.oid, n.nspname::text, c.relname::text, c.relreplident::text, c.relpersistence = 't',
+  c.relrowsecurity
+  OR (c.relkind = 'r' AND c.relhassubclass)
+  OR EXISTS (SELECT 1 FROM (SELECT c.oid AS relid UNION SELECT relid FROM pg_catalog.pg_partition_tree(c.oid)) pt JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = pt.relid WHERE NOT tg.tgisinternal)
+  OR EXISTS (SELECT 1 FROM (SELECT c.oid AS relid UNION SELECT relid FROM pg_catalog.pg_partition_tree(c.oid)) pt JOIN pg_catalog.pg_rewrite r ON r.ev_class = pt.relid WHERE r.rulename <> '_RETURN')
+  OR EXISTS (SELECT 1 FROM (SELECT c.oid AS relid UNION SELECT relid FROM pg_catalog.pg_partition_tree(c.oid)) pt
+     JOIN pg_catalog.pg_attrdef d ON d.adrelid = pt.relid
+     JOIN pg_catalog.pg_depend dep ON dep.classid = 'pg_catalog.pg_attrdef'::regclass AND dep.objid = d.oid AND dep.refclassid = 'pg_catalog.pg_proc'::regclass
+     JOIN pg_catalog.pg_proc p ON p.oid = dep.refobjid
+     WHERE p.pronamespace <> 'pg_catalog'::regnamespace)
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p') AND `+catalogNamespaces+`
 ORDER BY c.relpersistence = 't', c.oid`)
@@ -94,16 +103,16 @@ ORDER BY c.relpersistence = 't', c.oid`)
 		var (
 			oid                 uint32
 			nsp, rel, replIdent string
-			temp                bool
+			temp, runsCode      bool
 		)
-		if err := rows.Scan(&oid, &nsp, &rel, &replIdent, &temp); err != nil {
+		if err := rows.Scan(&oid, &nsp, &rel, &replIdent, &temp, &runsCode); err != nil {
 			return nil, fmt.Errorf("quma: catalog: tables: %w", err)
 		}
 		name := nsp + "." + rel
 		if temp {
 			name = catalogTempName(s, rel)
 		}
-		t := &Table{Name: name, Temporary: temp}
+		t := &Table{Name: name, Temporary: temp, RunsCode: runsCode}
 		switch replIdent {
 		case "d":
 			t.ReplicaIdentity = "default"

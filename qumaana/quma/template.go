@@ -35,6 +35,10 @@ type Template struct {
 	// read's type). A client runs ClockSQL with its clock bucket as that
 	// parameter and keys the result on the bucket (see clock.go).
 	ClockSQL string
+	// SessionNeutral: the statement cannot change the session's roles or
+	// settings (a SELECT or DML calling only built-ins that leave the
+	// session alone, on tables that run no user code; see session.go).
+	SessionNeutral bool
 	// Deps lists, for a query, what its result depends on: one per table
 	// reference (identical references merged).
 	Deps []Dep
