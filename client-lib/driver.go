@@ -504,8 +504,9 @@ type rwTx struct {
 }
 
 func (t *rwTx) Commit() error {
+	// A statement inside that may have changed the session (a SET
+	// persists past the commit) marked the scope stale as it ran.
 	t.c.inRW = false
-	t.c.scopeStale = true // SET inside the transaction persists
 	if err := t.Tx.Commit(); err != nil {
 		return err
 	}

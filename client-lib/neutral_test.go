@@ -58,8 +58,41 @@ GRANT USAGE ON SEQUENCE log_id_seq TO tenant_reader;`
 			t.Fatalf("after a plain insert, tenant a read %q", got)
 		}
 	}
+	// The same in read/write transactions.
+	for i := 0; i < 3; i++ {
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO log (note) VALUES ($1)", "y"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if got := readDocsRO(t, conn); got != "a-secret" {
+			t.Fatalf("after a read/write transaction, tenant a read %q", got)
+		}
+	}
 	if got := testutil.ToFloat64(cl.m.scopeReads); got != reads {
 		t.Errorf("plain inserts made the session's scope be read again %v times", got-reads)
+	}
+	// A SET inside a read/write transaction persists past its commit.
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "SET app.tenant = 'b'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readDocsRO(t, conn); got != "b-secret" {
+		t.Fatalf("after SET app.tenant = 'b' in a committed transaction, read %q", got)
+	}
+	if _, err := conn.ExecContext(ctx, "SET app.tenant = 'a'"); err != nil {
+		t.Fatal(err)
 	}
 	// The trigger switches the session to tenant b.
 	if _, err := conn.ExecContext(ctx, "INSERT INTO switches VALUES ('b')"); err != nil {
