@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/larderdb/larder/cache-node/daemon"
+	"github.com/larderdb/larder/cache-node/node"
 	"github.com/larderdb/larder/cache-node/overlay"
 	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/internal/bytesize"
@@ -47,6 +48,8 @@ type options struct {
 	p2pListen, p2pKey, p2pPSK, p2pAllow, p2pBootstrap string
 	p2pInsecure, p2pShowID                            bool
 	p2pTimeout                                        time.Duration
+	loadLease                                         time.Duration
+	broadcast                                         bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -81,6 +84,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.p2pInsecure, "p2p-insecure-open", false, "run the overlay without --p2p-psk or --p2p-allow (whoever can reach it can join and serve forged results to every member)")
 	fs.DurationVar(&o.p2pTimeout, "p2p-timeout", 2*time.Second, "deadline of a request forwarded to a key's master")
 	fs.BoolVar(&o.p2pShowID, "p2p-show-id", false, "print the peer ID of --p2p-key (making the key if there is none) and exit")
+	fs.DurationVar(&o.loadLease, "load-lease", node.DefaultLoadLease, "how long a lookup that misses makes other clients' lookups of the key wait for its requester's put, when they ask to wait (stampede control; 0: none)")
+	fs.BoolVar(&o.broadcast, "broadcast-invalidation", false, "receive every invalidation of every table (one wildcard subscription) and drop those of groups the node does not follow, instead of subscribing to its groups: the broadcast ablation, for comparing with pub/sub")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -220,7 +225,11 @@ func run(args []string, stderr io.Writer) int {
 
 func (o options) daemon() (daemon.Options, error) {
 	d := daemon.Options{Listen: o.listen, NATS: o.natsURL, Prefix: o.prefix, Store: o.store, Memory: o.memory, Metrics: o.metrics, MaxFrame: o.maxFrame,
-		MaxInFlight: o.maxInFlight, MaxConns: o.maxConns, IdleTimeout: o.idleTimeout, ReadTimeout: o.readTimeout, WriteTimeout: o.writeTimeout}
+		MaxInFlight: o.maxInFlight, MaxConns: o.maxConns, IdleTimeout: o.idleTimeout, ReadTimeout: o.readTimeout, WriteTimeout: o.writeTimeout,
+		LoadLease: o.loadLease, BroadcastInvalidation: o.broadcast}
+	if d.LoadLease == 0 {
+		d.LoadLease = -1 // --load-lease 0: none
+	}
 	if !o.insecure {
 		cfg, err := pki.ServerTLS(o.tlsCert, o.tlsKey, o.tlsClientCA)
 		if err != nil {

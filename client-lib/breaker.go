@@ -21,6 +21,10 @@ const (
 	// DefaultNodeBackoff is how long a node whose breaker opened is left
 	// alone before it is probed.
 	DefaultNodeBackoff = 500 * time.Millisecond
+	// DefaultMissWait is how long a lookup that misses may wait at the
+	// node for another client's load of the same key: about a load at a
+	// pin on PostgreSQL and the put that follows it.
+	DefaultMissWait = 30 * time.Millisecond
 	// nodeFailures consecutive failed calls open a node's breaker.
 	nodeFailures = 3
 	// maxBackoffFactor bounds the back-off: it doubles after each failed
@@ -95,11 +99,32 @@ func newNodeClient(c *Client, addr string) *nodeClient {
 func (n *nodeClient) lookup(ctx context.Context, q *protocol.LookupRequest) (protocol.LookupResponse, error) {
 	var res protocol.LookupResponse
 	err := n.call(ctx, func(ctx context.Context, cl *protocol.Client) error {
+		req := q
+		if w := n.missWait(ctx); w > 0 {
+			withWait := *q
+			withWait.Wait = w
+			req = &withWait
+		}
 		var err error
-		res, err = cl.Lookup(ctx, q)
+		res, err = cl.Lookup(ctx, req)
 		return err
 	})
 	return res, err
+}
+
+// missWait is how long the node may hold a lookup that misses while
+// another client loads the key (Config.MissWait): at most half of what is
+// left of the call's deadline, so that a node that waits is never taken
+// for one that does not answer.
+func (n *nodeClient) missWait(ctx context.Context) time.Duration {
+	w := n.c.cfg.MissWait
+	if dl, ok := ctx.Deadline(); ok {
+		w = min(w, time.Until(dl)/2)
+	}
+	if w < time.Millisecond {
+		return 0
+	}
+	return w
 }
 
 // put sends a version to the node, within the node timeout.
@@ -111,6 +136,19 @@ func (n *nodeClient) put(ctx context.Context, p *protocol.PutRequest) error {
 func (n *nodeClient) usable() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.state == nodeClosed
+}
+
+// available is usable for a placement choosing among nodes: an open
+// breaker whose back-off has ended starts its probe, as a call to the node
+// would, so that a node the placement passes over while it is open still
+// comes back once it answers.
+func (n *nodeClient) available() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.state == nodeOpen && !time.Now().Before(n.until) && n.c.goBackground(n.probe) {
+		n.setState(nodeProbing)
+	}
 	return n.state == nodeClosed
 }
 

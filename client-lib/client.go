@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"os"
 	"sync"
@@ -31,7 +30,11 @@ type Config struct {
 	PostgresURL string
 	NATSURL     string
 	Prefix      string   // NATS subject prefix (the invalidator's); default "larder"
-	Nodes       []string // cache-node addresses; a key lives on one of them
+	Nodes       []string // cache-node addresses; Placement picks a key's
+	// Placement picks the node of a key among Nodes (nil: HashPlacement;
+	// HomePlacement for nodes in an overlay, the first being this
+	// application server's home node).
+	Placement Placement
 	// NodeTLS, when set, is how the client authenticates itself to the
 	// cache-nodes and them to it (mutual TLS: the CA that signed the nodes'
 	// certificates, and the client's certificate). Nodes started with
@@ -74,6 +77,14 @@ type Config struct {
 	// before it is probed (default DefaultNodeBackoff); it doubles after
 	// each failed probe, up to 16 times this.
 	NodeBackoff time.Duration
+	// MissWait is how long a lookup that misses may wait at the key's
+	// node while another client loads the same key (the node's load lease,
+	// cache-node --load-lease), to be answered from that load instead of
+	// loading it again: stampede control across clients (default
+	// DefaultMissWait; < 0: none). It is also bounded by half the node
+	// call's deadline. An answer after the wait is used only if it fits
+	// the transaction's candidates, as any hit.
+	MissWait time.Duration
 	// PinVerifyTimeout bounds the wait for the pincushion to place a
 	// fresh snapshot (default DefaultPinVerifyTimeout); the transaction
 	// then runs uncached on it instead.
@@ -138,6 +149,10 @@ type Client struct {
 	// sessions: the roles and every setting (readScope).
 	scope     atomic.Pointer[scopeQuery]
 	poolScope atomic.Pointer[sessionScope]
+	// roleScopes are the scope queries of roles that may not read every
+	// setting scope names (readScope), by role.
+	roleScopesMu sync.Mutex
+	roleScopes   map[string]*roleScope
 	// storage is what storage checks proved (see storageFacts).
 	storage storageFacts
 }
@@ -161,6 +176,10 @@ type Stats struct {
 	// staleness, capacity, consistency; a hit outside the transaction's
 	// candidates counts as consistency).
 	NodeMisses [5]atomic.Int64
+	// NodeLookups counts lookups sent to cache-nodes (queries' and
+	// functions'); FunctionHits, cacheable function calls served from the
+	// L1 or a node; FunctionRuns, calls that ran the function.
+	NodeLookups, FunctionHits, FunctionRuns atomic.Int64
 }
 
 func (s *Stats) noteNodeMiss(c store.MissClass) {
@@ -197,6 +216,9 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	if cfg.NodeBackoff <= 0 {
 		cfg.NodeBackoff = DefaultNodeBackoff
+	}
+	if cfg.MissWait == 0 {
+		cfg.MissWait = DefaultMissWait
 	}
 	if cfg.PinVerifyTimeout <= 0 {
 		cfg.PinVerifyTimeout = DefaultPinVerifyTimeout
@@ -402,15 +424,6 @@ func (c *Client) Close() {
 
 // Stats returns the client's counters.
 func (c *Client) Stats() *Stats { return &c.stats }
-
-func (c *Client) node(key []byte) *nodeClient {
-	if len(c.nodes) == 0 {
-		return nil
-	}
-	h := fnv.New32a()
-	h.Write(key)
-	return c.nodes[int(h.Sum32()%uint32(len(c.nodes)))]
-}
 
 // BeginRW starts a read/write transaction: straight PostgreSQL. Its
 // commit moves its session (read your writes).

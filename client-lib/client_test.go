@@ -355,6 +355,9 @@ type historyRun struct {
 	node   func(t *testing.T, natsURL string) nodeSetup
 	faults func(ctx context.Context, t *testing.T, s *stack, run time.Duration)
 	run    time.Duration // default 3s, or LARDER_HISTORY_SECONDS
+	// client, when set, opens the readers' client (by default s.client,
+	// on the stack's cache-node).
+	client func(t *testing.T, s *stack, l1 int64) *Client
 }
 
 // pause waits d, or less if ctx ends first (then it reports false).
@@ -384,7 +387,12 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 	}
 	s := startStack(t)
 	natsOverride, nodeOverride = "", nil
-	c := s.client(t, l1)
+	var c *Client
+	if hr.client != nil {
+		c = hr.client(t, s, l1)
+	} else {
+		c = s.client(t, l1)
+	}
 	rec, err := history.StartRecorder(context.Background(), s.url, "accounts")
 	if err != nil {
 		t.Fatal(err)

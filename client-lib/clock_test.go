@@ -67,6 +67,15 @@ func TestClockBoundQueryIsCachedPerBucket(t *testing.T) {
 		}
 	}
 
+	// Per template: the database read and the node hits, under its id.
+	tpl, err := c.keying.Load().analyzer(c.poolScope.Load().path).Prepare(upcoming)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if db, hit := testutil.ToFloat64(c.m.templateReads.WithLabelValues(tpl.ID, "database")), testutil.ToFloat64(c.m.templateReads.WithLabelValues(tpl.ID, "node")); db < 1 || hit < 1 {
+		t.Errorf("template reads of %s: %v from the database, %v from the node", tpl.ID, db, hit)
+	}
+
 	off := s.openWith(t, []string{s.node}, 0, true, func(c *Config) { c.ClockGranularity = -1 })
 	if got := read(off); len(got) != 1 || got[0] != 2 {
 		t.Fatalf("clock buckets off (PostgreSQL's now()): events %v, want [2]", got)

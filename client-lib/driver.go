@@ -197,6 +197,17 @@ func ParseDSN(dsn string) (Config, error) {
 				return cfg, fmt.Errorf("larder: larder.register-tag-sets=%q: want true or false", v)
 			}
 			cfg.NoRegisterTagSets = !on
+		case "larder.node-placement":
+			if cfg.Placement, err = ParsePlacement(v); err != nil {
+				return cfg, fmt.Errorf("larder: larder.node-placement: %w", err)
+			}
+		case "larder.miss-wait":
+			if cfg.MissWait, err = time.ParseDuration(v); err != nil || cfg.MissWait > time.Second {
+				return cfg, fmt.Errorf("larder: larder.miss-wait=%q: want a duration of at most 1s such as 20ms (0s: no wait)", v)
+			}
+			if cfg.MissWait == 0 {
+				cfg.MissWait = -1
+			}
 		case "larder.l1":
 			if cfg.L1Bytes, err = bytesize.Parse(v); err != nil {
 				return cfg, fmt.Errorf("larder: larder.l1=%q: want a byte count such as 67108864 or 64MiB", v)
@@ -357,6 +368,9 @@ func (c *conn) pureRead(query string) (pure, neutral bool) {
 
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if c.ro != nil {
+		if _, neutral := c.pureRead(query); !neutral {
+			c.scopeStale = true // a setting changed in it outlives the transaction
+		}
 		vals := make([]any, len(args))
 		for i, a := range args {
 			vals[i] = a.Value

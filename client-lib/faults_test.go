@@ -56,6 +56,8 @@ func TestHistoryUnderFaults(t *testing.T) {
 		{"redis-server-restarts", redisRestartRun, orderDependent, false},
 		{"slot-dropped", slotDroppedRun, publisher.SkipNewSlotFlushForTest.Store, true},
 		{"ddl-mid-run", ddlRun, nil, false},
+		// The client does not narrow its candidates on hits (overlay_history_test.go).
+		{"overlay-kill-join", overlayRun, func(on bool) { skipNarrowForTest = on }, true},
 	} {
 		for _, broken := range []bool{false, true} {
 			if broken && sc.broken == nil {

@@ -119,6 +119,9 @@ func (f *Function[A, R]) Call(ctx context.Context, tx *ROTx, arg A) (R, error) {
 		return f.run(ctx, t, arg, nil)
 	}
 	if r, ok := f.lookup(ctx, t, key); ok {
+		// A result was returned: the snapshot can no longer move (a
+		// transaction whose pins are all gone must not take a fresh one).
+		t.returned = true
 		return r, nil
 	}
 	return f.run(ctx, t, arg, key)
@@ -145,6 +148,7 @@ func (f *Function[A, R]) lookup(ctx context.Context, t *ROTx, key []byte) (R, bo
 			if r, tags, ok := decode(e.Value); ok && t.narrow(e.Lo, e.Hi) {
 				t.noteRead(tags)
 				t.c.m.functionCalls.WithLabelValues("l1").Inc()
+				t.c.stats.FunctionHits.Add(1)
 				return r, true
 			}
 		}
@@ -153,6 +157,7 @@ func (f *Function[A, R]) lookup(ctx context.Context, t *ROTx, key []byte) (R, bo
 	if node == nil {
 		return zero, false
 	}
+	t.c.stats.NodeLookups.Add(1)
 	e, err := node.lookup(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: "function:" + f.name})
 	if err != nil || e.Miss != store.Hit {
 		return zero, false
@@ -166,6 +171,7 @@ func (f *Function[A, R]) lookup(ctx context.Context, t *ROTx, key []byte) (R, bo
 	}
 	t.noteRead(tags)
 	t.c.m.functionCalls.WithLabelValues("node").Inc()
+	t.c.stats.FunctionHits.Add(1)
 	return r, true
 }
 
@@ -178,6 +184,7 @@ func (f *Function[A, R]) run(ctx context.Context, t *ROTx, arg A, key []byte) (R
 		fr.uncacheable = "the transaction reads uncached (no usable pin, or temporary tables)"
 	}
 	t.frames = append(t.frames, fr)
+	t.c.stats.FunctionRuns.Add(1)
 	r, err := f.fn(ctx, t, arg)
 	t.frames = slices.DeleteFunc(t.frames, func(x *frame) bool { return x == fr })
 	if err != nil {

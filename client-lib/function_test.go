@@ -2,6 +2,7 @@ package larder
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
@@ -152,4 +153,68 @@ func TestMergeTags(t *testing.T) {
 		len(got[1].Reads) != 2 || got[1].Reads[0] != "id" || got[1].Reads[1] != "name" {
 		t.Fatalf("mergeTags: %+v", got)
 	}
+}
+
+// Through database/sql: a function whose body queries a *sql.Tx begun on a
+// *sql.Conn is cached like a Function; outside a read-only transaction it
+// runs uncached.
+func TestSQLFunction(t *testing.T) {
+	s := startStackWith(t, schemaSQL, "INSERT INTO accounts (id, balance) VALUES (1, 10), (2, 20)", readBalance)
+	s.client(t, 0)
+	db := openDB(t, DriverName, s.dsn("larder.l1=1048576"))
+	ctx := context.Background()
+	runs := 0
+	sum := NewSQLFunction("sum", func(ctx context.Context, tx *sql.Tx, ids []int) (int, error) {
+		runs++
+		total := 0
+		for _, id := range ids {
+			var b int
+			if err := tx.QueryRowContext(ctx, readBalance, id).Scan(&b); err != nil {
+				return 0, err
+			}
+			total += b
+		}
+		return total, nil
+	})
+	call := func() int {
+		t.Helper()
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Commit()
+		got, err := sum.Call(ctx, conn, tx, []int{1, 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	for i := 0; i < 5; i++ {
+		if got := call(); got != 30 {
+			t.Fatalf("sum = %d", got)
+		}
+	}
+	if runs >= 5 {
+		t.Errorf("the function ran on each of 5 calls: never cached")
+	}
+	// A read/write transaction: the body runs, uncached.
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runs
+	if got, err := sum.Call(ctx, conn, tx, []int{1, 2}); err != nil || got != 30 || runs != before+1 {
+		t.Errorf("in a read/write transaction: %d, %v, runs %d → %d", got, err, before, runs)
+	}
+	_ = tx.Rollback()
 }

@@ -8,6 +8,11 @@ import (
 
 const maxReasons = 100
 
+// maxTemplates bounds the template label of larder_client_template_reads_total:
+// the first 500 templates a client reads keep their own label, later ones
+// share "other" (the cache-node's bound).
+const maxTemplates = 500
+
 type clientMetrics struct {
 	reads      *prometheus.CounterVec // source: l1, node, database
 	uncached   *prometheus.CounterVec // reason
@@ -47,8 +52,11 @@ type clientMetrics struct {
 	// functionCalls: cacheable function calls, by outcome (l1, node:
 	// hits; run: run and cached; uncacheable: run, not cached).
 	functionCalls *prometheus.CounterVec
+	// templateReads: reads by query template and source (templateRead).
+	templateReads *prometheus.CounterVec
 	mu            sync.Mutex
-	seenReasons   map[string]bool
+	seenReasons   map[string]bool // guarded by mu
+	seenTemplates map[string]bool // guarded by mu
 }
 
 func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
@@ -72,7 +80,9 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		registrations:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_tag_set_registrations_total", Help: "Tag column sets of the QUMA file the client asked the invalidator to publish, by outcome: registered, refused (the invalidator's reason is logged), failed (asked again at the next reload)."}, []string{"outcome"}),
 		earlyPuts:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_puts_before_tag_set_total", Help: "Results not put on a cache-node because a tag column set they key on was registered after their snapshot (kept in the L1 only)."}),
 		functionCalls:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_function_calls_total", Help: "Cacheable function calls, by outcome: l1 and node (hits), run (run and cached), uncacheable (run, not cached: it read something uncacheable)."}, []string{"outcome"}),
+		templateReads:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_reads_total", Help: "Reads in read-only transactions by query template (its id, the pg_query fingerprint; the first 500 templates, then \"other\") and source: l1 and node (hits), database (a miss, computed at the snapshot and cached), uncached (run at the snapshot, not cached)."}, []string{"template", "source"}),
 		seenReasons:      map[string]bool{},
+		seenTemplates:    map[string]bool{},
 	}
 	for _, o := range []string{"l1", "node", "run", "uncacheable"} {
 		m.functionCalls.WithLabelValues(o)
@@ -88,7 +98,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.sessionsDropped, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
-			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.functionCalls)
+			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.functionCalls, m.templateReads)
 	}
 	return m
 }
@@ -99,6 +109,37 @@ const (
 	fallbackPins   = "pins"
 	fallbackVerify = "verify"
 )
+
+// MetricsRegistry returns a registry holding the metrics a Client
+// registers on Config.Metrics, made afresh and tied to no client (every
+// value zero): for tools and tests that check what the library exports,
+// such as the Grafana dashboard's test in deploy/grafana.
+func MetricsRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	newClientMetrics(reg)
+	return reg
+}
+
+// templateRead counts one read of a query template (quma.Template.ID)
+// by where its result came from: "l1" or "node" (hits), "database" (a
+// miss, computed at the snapshot and cached) or "uncached" (run at the
+// snapshot without caching). Past maxTemplates distinct templates, new
+// ones are counted as "other"; an empty template is not counted.
+func (m *clientMetrics) templateRead(template, source string) {
+	if template == "" {
+		return
+	}
+	m.mu.Lock()
+	if !m.seenTemplates[template] {
+		if len(m.seenTemplates) >= maxTemplates {
+			template = "other"
+		} else {
+			m.seenTemplates[template] = true
+		}
+	}
+	m.mu.Unlock()
+	m.templateReads.WithLabelValues(template, source).Inc()
+}
 
 func (m *clientMetrics) uncacheable(reason string) {
 	m.mu.Lock()

@@ -2,6 +2,7 @@ package larder
 
 import (
 	"context"
+	"database/sql"
 	"net/url"
 	"testing"
 
@@ -100,5 +101,120 @@ GRANT USAGE ON SEQUENCE log_id_seq TO tenant_reader;`
 	}
 	if got := readDocsRO(t, conn); got != "b-secret" {
 		t.Fatalf("after a trigger set app.tenant = 'b', read %q: a result keyed on the old setting", got)
+	}
+}
+
+// Inside a read-only transaction, a statement that changes the session
+// (set_config of search_path) makes the next statements key on the new
+// state; the transaction ends with a rollback, which undoes it (it acts as
+// a SET LOCAL). A role that may not read
+// the server-wide settings (after SET ROLE) reads through the cache; a
+// session whose client encoding is not UTF8 reads uncached.
+func TestSessionChangesInsideReadOnlyTransactions(t *testing.T) {
+	ddl := `CREATE SCHEMA app;
+CREATE TABLE public.items (id int PRIMARY KEY, name text NOT NULL);
+CREATE TABLE app.items (id int PRIMARY KEY, name text NOT NULL);
+ALTER TABLE public.items REPLICA IDENTITY FULL;
+ALTER TABLE app.items REPLICA IDENTITY FULL`
+	seed := `DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'plain_reader') THEN CREATE ROLE plain_reader; END IF;
+END $$;
+GRANT USAGE ON SCHEMA app TO plain_reader;
+GRANT SELECT ON public.items, app.items TO plain_reader;
+INSERT INTO public.items VALUES (1, 'public-1');
+INSERT INTO app.items VALUES (1, 'app-1')`
+	const q = "SELECT name FROM items WHERE id = $1"
+	s := startStackWith(t, ddl, seed, q)
+	s.client(t, 0)
+	db := openDB(t, DriverName, s.dsn("larder.l1=1048576"))
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	name := func(tx *sql.Tx) string {
+		t.Helper()
+		var n string
+		if err := tx.QueryRowContext(ctx, q, 1).Scan(&n); err != nil {
+			_ = tx.Rollback()
+			t.Fatal(err)
+		}
+		return n
+	}
+	for i := 0; i < 3; i++ { // public.items' row, cached
+		tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := name(tx)
+		_ = tx.Commit()
+		if got != "public-1" {
+			t.Fatalf("read %q", got)
+		}
+	}
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := name(tx); got != "public-1" {
+		_ = tx.Rollback()
+		t.Fatalf("read %q", got)
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT set_config('search_path', 'app', false)")
+	if err != nil {
+		_ = tx.Rollback()
+		t.Fatal(err)
+	}
+	rows.Close()
+	got := name(tx)
+	_ = tx.Commit()
+	if got != "app-1" {
+		t.Fatalf("after set_config(search_path, app) in the transaction, read %q: keyed on the old path", got)
+	}
+	tx, err = conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = name(tx)
+	_ = tx.Commit()
+	if got != "public-1" {
+		t.Fatalf("in the next transaction (the set_config rolled back with the read-only transaction), read %q", got)
+	}
+
+	// A role without pg_read_all_settings.
+	if _, err := conn.ExecContext(ctx, "SET search_path = public; SET ROLE plain_reader"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			t.Fatalf("a read-only transaction as a plain role: %v", err)
+		}
+		got := name(tx)
+		_ = tx.Commit()
+		if got != "public-1" {
+			t.Fatalf("as plain_reader, read %q", got)
+		}
+	}
+	if _, err := conn.ExecContext(ctx, "RESET ROLE; SET client_encoding = 'LATIN1'"); err != nil {
+		t.Fatal(err)
+	}
+	d := registered.(*Driver)
+	d.mu.Lock()
+	cl := d.clients[s.dsn("larder.l1=1048576")]
+	d.mu.Unlock()
+	before := cl.stats.Uncacheable.Load()
+	tx, err = conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = name(tx)
+	_ = tx.Commit()
+	if got != "public-1" {
+		t.Fatalf("in LATIN1, read %q", got)
+	}
+	if cl.stats.Uncacheable.Load() != before+1 {
+		t.Error("a read in a LATIN1 session was not run uncached")
 	}
 }

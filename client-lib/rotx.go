@@ -348,11 +348,17 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		t.noteUncacheable("the transaction reads uncached (no usable pin)")
 		return t.onDB(ctx, sql, args)
 	}
-	if t.scope.temp {
+	if t.scope.temp || t.scope.uncached != "" {
+		reason := t.scope.uncached
+		if t.scope.temp {
+			reason = "the session has temporary tables"
+		}
 		t.c.stats.Uncacheable.Add(1)
-		t.c.m.uncacheable("the session has temporary tables")
-		t.noteUncacheable("the session has temporary tables")
-		return t.atSnapshot(ctx, sql, args, nil)
+		t.c.m.uncacheable(reason)
+		t.noteUncacheable(reason)
+		res, err := t.atSnapshot(ctx, sql, args, nil)
+		t.rescopeAfter(ctx, sql)
+		return res, err
 	}
 	k := t.c.keying.Load()
 	tpl, err := k.analyzer(t.scope.path).Prepare(sql)
@@ -366,13 +372,25 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		}
 		t.c.m.uncacheable(reason)
 		t.noteUncacheable(reason)
-		return t.atSnapshot(ctx, sql, args, tables)
+		neutral := false
+		if err == nil {
+			t.c.m.templateRead(tpl.ID, "uncached")
+			neutral = tpl.SessionNeutral
+		}
+		res, err := t.atSnapshot(ctx, sql, args, tables)
+		if !neutral {
+			// It may have changed the session (set_config, a function):
+			// later statements are keyed on what the session is now.
+			t.rescope(ctx)
+		}
+		return res, err
 	}
 	qtags, err := tpl.Tags(args)
 	if err != nil {
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable("parameters: " + err.Error())
 		t.noteUncacheable("parameters: " + err.Error())
+		t.c.m.templateRead(tpl.ID, "uncached")
 		return t.atSnapshot(ctx, sql, args, k.coveredOf(tpl.Deps))
 	}
 	tables := make([]string, 0, len(qtags))
@@ -383,6 +401,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable(reason)
 		t.noteUncacheable(reason)
+		t.c.m.templateRead(tpl.ID, "uncached")
 		return t.atSnapshot(ctx, sql, args, k.coveredOf(tpl.Deps))
 	}
 	// A query reading the transaction's start runs with "now" fixed to
@@ -393,6 +412,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		if g <= 0 || len(args) != tpl.NumParams {
 			t.c.stats.Uncacheable.Add(1)
 			t.c.m.uncacheable("reads the clock (clock buckets off)")
+			t.c.m.templateRead(tpl.ID, "uncached")
 			t.noteUncacheable("reads the clock")
 			return t.atSnapshot(ctx, sql, args, tables)
 		}
@@ -410,6 +430,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		t.c.stats.Uncacheable.Add(1)
 		t.c.m.uncacheable("parameters: cannot be keyed")
 		t.noteUncacheable("parameters: cannot be keyed")
+		t.c.m.templateRead(tpl.ID, "uncached")
 		return t.atSnapshot(ctx, sql, args, tables)
 	}
 	t.noteRead(qtags)
@@ -421,6 +442,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 				t.trace = append(t.trace, fmt.Sprintf("l1[%X,%X)", r.Lo, r.Hi))
 				t.c.stats.L1Hits.Add(1)
 				t.c.m.reads.WithLabelValues("l1").Inc()
+				t.c.m.templateRead(tpl.ID, "l1")
 				return res, nil
 			}
 		}
@@ -429,6 +451,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if node != nil {
 		// A node that fails costs at most its call's deadline, and once
 		// its breaker opens nothing: the read goes to PostgreSQL.
+		t.c.stats.NodeLookups.Add(1)
 		r, err := node.lookup(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: tpl.ID})
 		switch {
 		case err != nil:
@@ -443,6 +466,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 				t.trace = append(t.trace, fmt.Sprintf("node[%X,%X)@%X", r.Lo, r.Hi, r.Snapshot))
 				t.c.stats.NodeHits.Add(1)
 				t.c.m.reads.WithLabelValues("node").Inc()
+				t.c.m.templateRead(tpl.ID, "node")
 				if t.c.l1 != nil {
 					// A closed interval: what the node proved when it answered.
 					_ = t.c.l1.Put(ctx, key, &store.Version{Lo: r.Lo, Hi: r.Hi, Snapshot: r.Snapshot, Value: r.Value})
@@ -454,6 +478,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 
 	t.c.stats.Misses.Add(1)
 	t.c.m.reads.WithLabelValues("database").Inc()
+	t.c.m.templateRead(tpl.ID, "database")
 	if err := t.fix(ctx, tables); err != nil {
 		return nil, err
 	}
@@ -503,6 +528,31 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	return res, nil
 }
 
+// rescope reads the session's scope again, inside the transaction, after a
+// statement that may have changed it; when it cannot be read, nothing more
+// the transaction reads is cached.
+func (t *ROTx) rescope(ctx context.Context) {
+	if t.conn == nil {
+		return
+	}
+	sc, err := t.c.readScope(ctx, t.conn)
+	if err != nil {
+		t.scope.uncached = "the session's state could not be read again after a statement that may have changed it"
+		return
+	}
+	t.scope = sc
+	t.c.m.scopeReads.Inc()
+}
+
+// rescopeAfter reads the scope again after sql unless the analyzer says
+// it cannot have changed the session.
+func (t *ROTx) rescopeAfter(ctx context.Context, sql string) {
+	if tpl, err := t.c.keying.Load().analyzer(t.scope.path).Prepare(sql); err == nil && (tpl.Cacheable || tpl.SessionNeutral) {
+		return
+	}
+	t.rescope(ctx)
+}
+
 // narrow keeps the candidate pins inside [lo, hi); a hit that leaves
 // none is not used.
 func (t *ROTx) narrow(lo, hi uint64) bool {
@@ -536,6 +586,9 @@ func (t *ROTx) atSnapshot(ctx context.Context, sql string, args []any, tables []
 
 // onDB runs a query in the PostgreSQL transaction.
 func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error) {
+	if w, ok := wireOf(args); ok { // a statement as a client sent it (raw.go)
+		return w.run(ctx, pgConnOf(t.conn))
+	}
 	if t.sqlFormats {
 		args = append([]any{databaseSQLResultFormats}, args...)
 	}

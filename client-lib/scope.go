@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -20,11 +22,19 @@ type sessionScope struct {
 	key  string
 	path []string
 	temp bool
+	// uncached says why nothing the session reads can be cached ("" if
+	// it can): a client encoding other than UTF8, or
+	// standard_conforming_strings off, under which the analyzer could read
+	// literals and parameters otherwise than the server.
+	uncached string
 }
 
 // scopeNamesSQL lists the settings a result can depend on: every setting
-// but the client's name and the transaction-scoped ones (scopes are read
-// outside transactions), and the custom settings (app.tenant, read by a
+// a session can set (not the server-wide ones of contexts internal,
+// postmaster and sighup, which every session shares, and some of which
+// only privileged roles may read) but the client's name and the
+// transaction-scoped ones (scopes are read outside transactions), and the
+// custom settings (app.tenant, read by a
 // row-level-security policy), which pg_settings does not list while they
 // are placeholders: the names that policies, views and the database's
 // own functions read with current_setting('…').
@@ -39,6 +49,7 @@ const scopeNamesSQL = `WITH custom AS (
 )
 SELECT name FROM pg_catalog.pg_settings
 WHERE name NOT IN ('application_name', 'transaction_isolation', 'transaction_read_only', 'transaction_deferrable')
+  AND context NOT IN ('internal', 'postmaster', 'sighup')
 UNION SELECT name FROM custom
 ORDER BY 1`
 
@@ -102,6 +113,12 @@ func (q *scopeQuery) read(ctx context.Context, conn dbConn) (sessionScope, error
 		if values[i].Valid {
 			v = "=" + values[i].String
 		}
+		switch {
+		case name == "client_encoding" && values[i].Valid && !strings.EqualFold(values[i].String, "UTF8"):
+			sc.uncached = "the session's client_encoding is " + values[i].String + ", not UTF8"
+		case name == "standard_conforming_strings" && values[i].Valid && values[i].String != "on":
+			sc.uncached = "the session has standard_conforming_strings off"
+		}
 		fmt.Fprintf(h, "%d:%s%d:%s\n", len(name), name, len(v), v)
 	}
 	sc.key = current + "\n" + session + "\n" + hex.EncodeToString(h.Sum(nil)) + "\n" + strings.Join(sc.path, ",")
@@ -109,7 +126,48 @@ func (q *scopeQuery) read(ctx context.Context, conn dbConn) (sessionScope, error
 }
 
 // readScope reads the session state that changes results, with the
-// client's current scope query.
+// client's current scope query; for a role that may not read a setting it
+// names (42501), with one made on the session's own connection, which
+// lists what that role may read (kept per role until the next reload).
 func (c *Client) readScope(ctx context.Context, conn dbConn) (sessionScope, error) {
-	return c.scope.Load().read(ctx, conn)
+	sc, err := c.scope.Load().read(ctx, conn)
+	var pe *pgconn.PgError
+	if err == nil || !errors.As(err, &pe) || pe.Code != insufficientPrivilege {
+		return sc, err
+	}
+	if pc := pgConnOf(conn); pc != nil && pc.TxStatus() != 'I' {
+		return sc, err // in a failed transaction: nothing more can run
+	}
+	epoch := c.epoch.Load()
+	role := ""
+	if err := conn.QueryRow(ctx, "SELECT current_user").Scan(&role); err != nil {
+		return sc, err
+	}
+	c.roleScopesMu.Lock()
+	own := c.roleScopes[role]
+	if own != nil && own.epoch != epoch {
+		own = nil
+	}
+	c.roleScopesMu.Unlock()
+	if own == nil {
+		q, err := loadScopeQuery(ctx, conn)
+		if err != nil {
+			return sc, err
+		}
+		own = &roleScope{q: q, epoch: epoch}
+		c.roleScopesMu.Lock()
+		if c.roleScopes == nil || len(c.roleScopes) >= 256 {
+			c.roleScopes = map[string]*roleScope{}
+		}
+		c.roleScopes[role] = own
+		c.roleScopesMu.Unlock()
+	}
+	return own.q.read(ctx, conn)
+}
+
+// roleScope is a scope query made on a connection of a role that may not
+// read every setting the client's names, in a catalog epoch.
+type roleScope struct {
+	q     *scopeQuery
+	epoch uint64
 }

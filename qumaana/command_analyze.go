@@ -46,7 +46,7 @@ func runAnalyze(args []string, stdout io.Writer) error {
 
 	schema, err := loadSchema(*schemaFile, *dbURL)
 	if err != nil {
-		return err
+		return fmt.Errorf("analyze: %w", err)
 	}
 	var workload []quma.Statement
 	var warnings []string
@@ -110,15 +110,17 @@ func runAnalyze(args []string, stdout io.Writer) error {
 	return nil
 }
 
+// loadSchema reads the schema from a DDL file or, when file is "", from
+// the catalogs of the database at dbURL.
 func loadSchema(file, dbURL string) (*quma.Schema, error) {
 	if file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
-			return nil, fmt.Errorf("analyze: %w", err)
+			return nil, err
 		}
 		s, err := quma.LoadDDL(string(b))
 		if err != nil {
-			return nil, fmt.Errorf("analyze: %s: %w", file, err)
+			return nil, fmt.Errorf("%s: %w", file, err)
 		}
 		return s, nil
 	}
@@ -126,7 +128,7 @@ func loadSchema(file, dbURL string) (*quma.Schema, error) {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
-		return nil, fmt.Errorf("analyze: connect: %w", err)
+		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.Background())
 	return quma.LoadCatalog(ctx, conn)

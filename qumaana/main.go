@@ -14,6 +14,8 @@ func main() {
 	switch os.Args[1] {
 	case "analyze":
 		err = runAnalyze(os.Args[2:], os.Stdout)
+	case "explain":
+		err = runExplain(os.Args[2:], os.Stdin, os.Stdout)
 	case "-h", "--help", "help":
 		usage()
 		return
@@ -31,7 +33,12 @@ func main() {
 func usage() {
 	fmt.Fprint(os.Stderr, `usage: qumaana analyze (--schema FILE | --db URL) (--templates FILE | --log FILE | --pgss FILE)...
                        [--format text|json] [-o FILE]
+       qumaana explain (--schema FILE | --db URL | --quma FILE) [--quma FILE]
+                       [--metrics URL[,URL...]] [--format text|json] [--timeout 5s] [SQL | -]
 
-Analyzes SQL templates into invalidation groups (the QUMA solution) for Larder.
+analyze: analyzes SQL templates into invalidation groups (the QUMA solution) for Larder.
+explain: says what Larder does with one statement (from the arguments or standard input):
+         cacheable or why not, clock-bound, its template id, tags, tag column sets and
+         columns read; with --metrics, its template's live figures.
 `)
 }

@@ -37,7 +37,10 @@ stop_stack() {
   stack=
 }
 trap stop_stack EXIT
-start_stack
+# BENCH_STACK_ARGS go to the stack (`local up`): -cache-nodes 3 runs three
+# cache-nodes in an overlay, -broadcast-invalidation the broadcast ablation.
+# shellcheck disable=SC2086
+start_stack ${BENCH_STACK_ARGS:-}
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --load-only "$@"
 # --stack-pid: the report counts the CPU of this stack's processes only.
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --skip-load --stack-pid "$stack" "$@"

@@ -46,6 +46,10 @@ type Options struct {
 	MaxInFlight                            int64
 	MaxConns                               int
 	IdleTimeout, ReadTimeout, WriteTimeout time.Duration
+	// LoadLease: see node.Config.LoadLease (0: the default, < 0: none).
+	LoadLease time.Duration
+	// BroadcastInvalidation: see node.Config.Broadcast (the ablation).
+	BroadcastInvalidation bool
 	// Overlay, when set, makes the node a member of the libp2p overlay
 	// (package overlay): a lookup or put of a key another live member
 	// masters is forwarded to that member, whatever the client asked
@@ -83,7 +87,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 		return err
 	}
 	defer backend.Close()
-	n, err = node.New(node.Config{NATS: nc, Prefix: o.Prefix, Backend: backend, Log: log, Metrics: reg})
+	n, err = node.New(node.Config{NATS: nc, Prefix: o.Prefix, Backend: backend, Log: log, Metrics: reg,
+		LoadLease: o.LoadLease, Broadcast: o.BroadcastInvalidation})
 	if err != nil {
 		return err
 	}
@@ -129,6 +134,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 		}
 	}
 	log.Info("serving", "addr", ln.Addr().String(), "store", storeName(o.Store), "budget", o.Memory, "tls", o.TLS != nil, "overlay", o.Overlay != nil,
+		"broadcast_invalidation", o.BroadcastInvalidation,
 		"client_auth", o.TLS != nil && o.TLS.ClientAuth == tls.RequireAndVerifyClientCert)
 	if ready != nil {
 		ready <- ln.Addr().String()

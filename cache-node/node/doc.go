@@ -20,4 +20,10 @@
 // failed replay, a backend that refused a write or restarted) ends every
 // version, open or closed, at the watermark + 1 at the latest and forgets
 // every group: the node then loses hit rate, never correctness.
+//
+// Load leases (lease.go) collapse concurrent misses of one key across
+// clients: a lookup that asks to wait is held while another requester
+// loads the key, then answered for its own range. Config.Broadcast is the
+// broadcast ablation: every invalidation of the prefix is received, those
+// of groups the node does not follow dropped.
 package node

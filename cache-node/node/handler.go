@@ -12,7 +12,7 @@ func (n *Node) Handler() protocol.Handler { return handler{n} }
 type handler struct{ n *Node }
 
 func (h handler) Lookup(ctx context.Context, q protocol.LookupRequest) (protocol.LookupResponse, error) {
-	return h.n.Lookup(ctx, q.Key, q.TMin, q.TMax, q.Template)
+	return h.n.lookupWait(ctx, q)
 }
 
 func (h handler) Put(ctx context.Context, p protocol.PutRequest) error {

@@ -10,7 +10,9 @@ import (
 	"github.com/larderdb/larder/cache-node/store"
 )
 
-// maxTemplates bounds the template label's values.
+// maxTemplates bounds the template label's values: the first 500
+// templates a node sees (in lookups or puts) keep their own label, later
+// ones share "other".
 const maxTemplates = 500
 
 type metrics struct {
@@ -23,6 +25,15 @@ type metrics struct {
 	errors        *prometheus.CounterVec
 	groups        prometheus.Gauge
 	replays       *prometheus.CounterVec
+	leases        *prometheus.CounterVec // result
+	received      *prometheus.CounterVec // kind
+
+	// templatePuts and templatePutBytes count puts and their bytes (as
+	// the byte budget counts them) by template. Bytes held are not
+	// tracked per template: the backends evict and settle versions
+	// without knowing templates. A template's share of the bytes put
+	// times larder_node_bytes approximates what it holds.
+	templatePuts, templatePutBytes *prometheus.CounterVec // template
 
 	mu        sync.Mutex
 	templates map[string]bool
@@ -39,15 +50,21 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 		errors:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_errors_total", Help: "Backend or JetStream errors by operation."}, []string{"op"}),
 		groups:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_node_subscriptions", Help: "NATS groups (tags and table flushes) the node follows."}),
 		replays:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_replays_total", Help: "JetStream replays after a reconnect, by outcome (started, done, failed)."}, []string{"result"}),
+		leases:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_load_leases_total", Help: "Load leases of lookups that missed asking to wait: granted (the requester loads), hit_after_wait and miss_after_wait (a requester that waited for another's load, by what it then found)."}, []string{"result"}),
+		received:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_invalidation_messages_received_total", Help: "Invalidation messages delivered to the node (heartbeats not counted), by kind: applied (of a group the node follows), ignored (of none: broadcast mode, a group left since, a subject shared by another name)."}, []string{"kind"}),
 		templates:     map[string]bool{},
 	}
+	m.templatePuts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_template_puts_total",
+		Help: "Versions put by query template (the first 500 templates; then \"other\")."}, []string{"template"})
+	m.templatePutBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_template_put_bytes_total",
+		Help: "Bytes of the versions put by query template, as the byte budget counts them (the first 500 templates; then \"other\"). Not bytes held: a template's share of these times larder_node_bytes approximates those."}, []string{"template"})
 	for _, c := range []store.MissClass{store.Hit, store.MissCompulsory, store.MissStaleness, store.MissCapacity, store.MissConsistency} {
 		m.lookups.WithLabelValues(c.String())
 	}
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.lookups, m.byTemplate, m.puts, m.invalidations, m.corrupt, m.gaps, m.errors, m.groups, m.replays)
+	reg.MustRegister(m.lookups, m.byTemplate, m.puts, m.templatePuts, m.templatePutBytes, m.invalidations, m.corrupt, m.gaps, m.errors, m.groups, m.replays, m.leases, m.received)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "larder_node_watermark_lsn", Help: "LSN up to which the node knows every invalidation of its groups."},
 		func() float64 { return float64(n.Watermark()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "larder_node_watermark_lag_seconds", Help: "Age of the last heartbeat (the invalidator's clock)."},
@@ -69,16 +86,32 @@ func (m *metrics) lookup(c store.MissClass, template string) {
 	if template == "" {
 		return
 	}
+	m.byTemplate.WithLabelValues(m.templateLabel(template), c.String()).Inc()
+}
+
+// put counts a version of size bytes put for template ("" for none).
+func (m *metrics) put(template string, size int64) {
+	m.puts.Inc()
+	if template == "" {
+		return
+	}
+	label := m.templateLabel(template)
+	m.templatePuts.WithLabelValues(label).Inc()
+	m.templatePutBytes.WithLabelValues(label).Add(float64(size))
+}
+
+// templateLabel returns the template label for template: itself for the
+// first maxTemplates templates seen, "other" for later ones.
+func (m *metrics) templateLabel(template string) string {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if !m.templates[template] {
 		if len(m.templates) >= maxTemplates {
-			template = "other"
-		} else {
-			m.templates[template] = true
+			return "other"
 		}
+		m.templates[template] = true
 	}
-	m.mu.Unlock()
-	m.byTemplate.WithLabelValues(template, c.String()).Inc()
+	return template
 }
 
 // backendCollector reports the backend's own counters at scrape time.

@@ -34,8 +34,18 @@ type Config struct {
 	// EventBuffer is the capacity of the queue between NATS and the node
 	// (default 1<<16). A queue half full is treated as a gap.
 	EventBuffer int
-	Log         *slog.Logger
-	Metrics     prometheus.Registerer
+	// LoadLease is how long a lookup that misses, asking to wait, makes
+	// the others that miss the same key wait for its requester's put
+	// (lease.go; default DefaultLoadLease, < 0: none).
+	LoadLease time.Duration
+	// Broadcast subscribes to every invalidation subject of the prefix
+	// (one wildcard subscription) instead of the groups of what the node
+	// holds, and drops the messages of groups it does not follow: the
+	// broadcast ablation of Ferdinand's comparison. What the node serves
+	// is the same; it receives every invalidation of every table.
+	Broadcast bool
+	Log       *slog.Logger
+	Metrics   prometheus.Registerer
 }
 
 // PutRequest is a result a client computed at Snapshot.
@@ -84,6 +94,8 @@ type Node struct {
 	wmAtomic    atomic.Uint64
 	owedAtomic  atomic.Uint64 // owedHi, for lookups
 	backendLost atomic.Bool   // a backend call failed with store.ErrLost
+
+	leases leases // load leases of misses (lease.go)
 }
 
 // skipJetStreamCheckForTest breaks the node on purpose (groups are
@@ -107,6 +119,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.EventBuffer <= 0 {
 		cfg.EventBuffer = 1 << 16
+	}
+	if cfg.LoadLease == 0 {
+		cfg.LoadLease = DefaultLoadLease
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -169,6 +184,14 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 	}
 	n.reconnects = n.cfg.NATS.Stats().Reconnects
+	if n.cfg.Broadcast {
+		// Before the heartbeats: every heartbeat is then routed after it.
+		all, err := n.cfg.NATS.ChanSubscribe(n.cfg.Prefix+".inv.*", n.events)
+		if err != nil {
+			return fmt.Errorf("node: subscribe to every invalidation: %w", err)
+		}
+		defer all.Unsubscribe()
+	}
 	hb, err := n.cfg.NATS.ChanSubscribe(invalidation.HeartbeatSubject(n.cfg.Prefix), n.events)
 	if err != nil {
 		return fmt.Errorf("node: subscribe to heartbeats: %w", err)
@@ -330,7 +353,8 @@ func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 func (n *Node) applyLocked(ctx context.Context, subject string, txn *invalidation.Txn) error {
 	g := n.bySubject[subject]
 	if g == nil {
-		return nil // unsubscribed since
+		n.m.received.WithLabelValues("ignored").Inc()
+		return nil // unsubscribed since, or not followed (broadcast)
 	}
 	var mine []invalidation.Change
 	for _, c := range txn.Changes {
@@ -339,8 +363,10 @@ func (n *Node) applyLocked(ctx context.Context, subject string, txn *invalidatio
 		}
 	}
 	if len(mine) == 0 {
+		n.m.received.WithLabelValues("ignored").Inc()
 		return nil // a hash collision: not ours
 	}
+	n.m.received.WithLabelValues("applied").Inc()
 	g.record(txn.CommitLSN, mine, n.cfg.HistoryDepth)
 	if err := n.cfg.Backend.Invalidate(ctx, txn.CommitLSN, mine); err != nil {
 		n.backendErr(err)
@@ -451,6 +477,15 @@ func cutTableName(name string) (string, bool) {
 // served beyond the watermark (nor, while a gap's end is owed, at or
 // beyond that end).
 func (n *Node) Lookup(ctx context.Context, key []byte, tmin, tmax uint64, template string) (store.Result, error) {
+	r, err := n.lookup(ctx, key, tmin, tmax)
+	if err == nil {
+		n.m.lookup(r.Miss, template)
+	}
+	return r, err
+}
+
+// lookup is Lookup without the lookup metrics.
+func (n *Node) lookup(ctx context.Context, key []byte, tmin, tmax uint64) (store.Result, error) {
 	wm := n.Watermark()
 	if owed := n.owedAtomic.Load(); owed != 0 {
 		wm = min(wm, owed-1)
@@ -461,7 +496,6 @@ func (n *Node) Lookup(ctx context.Context, key []byte, tmin, tmax uint64, templa
 		n.m.errors.WithLabelValues("lookup").Inc()
 		return r, err
 	}
-	n.m.lookup(r.Miss, template)
 	return r, nil
 }
 
@@ -470,7 +504,15 @@ func (n *Node) Lookup(ctx context.Context, key []byte, tmin, tmax uint64, templa
 // group, it subscribes, and the version waits (unserved) until the group
 // is confirmed: a heartbeat routed after the subscription, then the
 // group's last message in JetStream.
-func (n *Node) Put(ctx context.Context, req PutRequest) error {
+func (n *Node) Put(ctx context.Context, req PutRequest) (err error) {
+	// Stored and served, or refused, the load is over: its waiters look
+	// up again. A pending version wakes them once confirmed (confirmLoop).
+	pending := false
+	defer func() {
+		if err != nil || !pending {
+			n.leases.release(req.Key)
+		}
+	}()
 	if req.Snapshot == 0 {
 		return errors.New("node: put without a snapshot")
 	}
@@ -510,7 +552,8 @@ func (n *Node) Put(ctx context.Context, req PutRequest) error {
 		n.m.errors.WithLabelValues("put").Inc()
 		return err
 	}
-	n.m.puts.Inc()
+	n.m.put(req.Template, v.Size(len(req.Key)))
+	pending = v.Pending
 	if v.Pending {
 		p := &pendingPut{key: append([]byte(nil), req.Key...), snapshot: req.Snapshot, deps: deps, groups: gs, left: unconfirmed}
 		for _, g := range gs {
@@ -550,11 +593,14 @@ func (n *Node) groupLocked(d store.Dep, flush bool) (*group, error) {
 	}
 	g := &group{name: name, subject: subject, flush: flush, table: d.Table}
 	if n.bySubject[subject] == nil {
-		sub, err := n.cfg.NATS.ChanSubscribe(subject, n.events)
-		if err != nil {
-			return nil, fmt.Errorf("node: subscribe: %w", err)
+		// Broadcast: the wildcard subscription delivers it already.
+		if !n.cfg.Broadcast {
+			sub, err := n.cfg.NATS.ChanSubscribe(subject, n.events)
+			if err != nil {
+				return nil, fmt.Errorf("node: subscribe: %w", err)
+			}
+			n.subs[subject] = sub
 		}
-		n.subs[subject] = sub
 		n.bySubject[subject] = g
 	} else {
 		// Two names on one subject (a hash collision): share the
@@ -695,6 +741,7 @@ func (n *Node) confirmLoop(ctx context.Context) {
 						n.backendErr(err)
 						n.cfg.Log.Warn("confirm version", "err", err)
 					}
+					n.leases.release(p.key)
 				}
 			}
 			g.waiting = nil

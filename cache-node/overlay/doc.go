@@ -46,6 +46,10 @@
 // served one ServeTimeout; an error of the master comes back as a
 // *PeerError naming it, never as a local answer in its place.
 //
+// Clients do not join the overlay: with client-lib's home placement an
+// application server sends every key to one member, its home node, which
+// forwards it to the key's master.
+//
 // Not done. The forwarding node keeps no copy of what the master answers:
 // a copy would need the same validity rules as the master's (its groups
 // followed, its watermark covering the interval), and a lookup answer does

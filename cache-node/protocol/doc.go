@@ -7,7 +7,7 @@
 // byte, the body. Bodies use unsigned varints; byte strings are a varint
 // length and the bytes; text is UTF-8.
 //
-//	lookup request   key, uvarint tmin, uvarint tmax, template
+//	lookup request   key, uvarint tmin, uvarint tmax, template[, uvarint wait (µs, > 0)]
 //	lookup answer    byte result (0 hit, else the miss class); on a hit: byte open,
 //	                 uvarint lo, uvarint hi, uvarint snapshot, value
 //	put request      key, uvarint snapshot, uvarint n, n × (tag, table, byte all-columns,

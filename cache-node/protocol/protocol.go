@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/wire"
@@ -33,7 +34,16 @@ type LookupRequest struct {
 	Key        []byte
 	TMin, TMax uint64
 	Template   string
+	// Wait, when positive, lets the node hold a lookup that misses while
+	// another requester loads the key (its load lease), up to Wait, and
+	// answer it after that load's put (on the wire in whole microseconds,
+	// at most MaxLookupWait; absent when zero, so that a request without
+	// it is the same bytes as before).
+	Wait time.Duration
 }
+
+// MaxLookupWait bounds LookupRequest.Wait: a longer one is read as this.
+const MaxLookupWait = 10 * time.Second
 
 // LookupResponse is store.Result on the wire.
 type LookupResponse = store.Result
@@ -152,13 +162,21 @@ func AppendLookup(dst []byte, q *LookupRequest) []byte {
 	dst = wire.AppendBytes(dst, q.Key)
 	dst = binary.AppendUvarint(dst, q.TMin)
 	dst = binary.AppendUvarint(dst, q.TMax)
-	return wire.AppendBytes(dst, []byte(q.Template))
+	dst = wire.AppendBytes(dst, []byte(q.Template))
+	if us := min(q.Wait, MaxLookupWait) / time.Microsecond; us > 0 {
+		dst = binary.AppendUvarint(dst, uint64(us))
+	}
+	return dst
 }
 
 // DecodeLookup decodes a lookup request.
 func DecodeLookup(b []byte) (LookupRequest, error) {
 	d := wire.Decoder{B: b, Wrap: ErrFrame}
 	q := LookupRequest{Key: d.Bytes("key"), TMin: d.Uvarint("tmin"), TMax: d.Uvarint("tmax"), Template: d.String("template")}
+	if d.Err == nil && len(d.B) > 0 {
+		us := min(d.Uvarint("wait"), uint64(MaxLookupWait/time.Microsecond))
+		q.Wait = time.Duration(us) * time.Microsecond
+	}
 	if d.Err == nil && q.TMin > q.TMax {
 		d.Fail("tmin %d > tmax %d", q.TMin, q.TMax)
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/larderdb/larder/cache-node/store"
 )
@@ -159,6 +160,7 @@ func TestRoundTrips(t *testing.T) {
 // re-encodes to something that decodes the same.
 func FuzzDecodeRequests(f *testing.F) {
 	f.Add(byte(OpLookup), AppendLookup(nil, &LookupRequest{Key: []byte("k"), TMin: 1, TMax: 2, Template: "t"}))
+	f.Add(byte(OpLookup), AppendLookup(nil, &LookupRequest{Key: []byte("k"), TMin: 1, TMax: 2, Template: "t", Wait: 30 * time.Millisecond}))
 	f.Add(byte(OpPut), AppendPut(nil, &PutRequest{Key: []byte("k"), Snapshot: 3, Deps: []store.Dep{{Tag: "a", Table: "t", Reads: []string{"x"}}}, Value: []byte("v")}))
 	f.Add(byte(OpLookup), AppendLookupResponse(nil, &LookupResponse{Miss: store.Hit, Lo: 1, Hi: 2, Snapshot: 1, Value: []byte("v")}))
 	f.Fuzz(func(t *testing.T, op byte, b []byte) {

@@ -14,6 +14,17 @@
 // cache-node log to .larder-local/logs; the cache-node serves /metrics on
 // 127.0.0.1:19189 (-cache-node-metrics), the invalidator on 19188.
 //
+// # Several cache-nodes
+//
+// -cache-nodes N runs N cache-nodes in a libp2p overlay (a pre-shared
+// network key, made at each start, and an allow-list of their identities,
+// kept across starts, in .larder-local/secrets), on ports from
+// -cache-node-port up (metrics from -cache-node-metrics up). LARDER_DSN
+// then lists them all with larder.node-placement=home: the first is the
+// application's home node and forwards each key to its master;
+// LARDER_CACHE_NODES and LARDER_CACHE_NODES_METRICS list them.
+// -broadcast-invalidation runs the nodes in the broadcast ablation.
+//
 // # The application's QUMA file and replica identities
 //
 // -quma FILE names the application's QUMA file in LARDER_DSN (and starts the

@@ -19,7 +19,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "demo") {
-		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-invalidator-metrics ADDR] [-cache-node-metrics ADDR] [-quma FILE] [-fix-replica-identity]")
+		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-cache-nodes N] [-broadcast-invalidation] [-invalidator-metrics ADDR] [-cache-node-metrics ADDR] [-quma FILE] [-fix-replica-identity]")
 		os.Exit(2)
 	}
 	verb := os.Args[1]
@@ -32,7 +32,9 @@ func main() {
 	fs.StringVar(&cfg.NATSBin, "nats-bin", cfg.NATSBin, `nats-server binary to run, or "embedded" to run NATS in this process`)
 	fs.IntVar(&cfg.CacheNodePort, "cache-node-port", cfg.CacheNodePort, "cache-node port on 127.0.0.1 (0: any free port)")
 	fs.StringVar(&cfg.InvalidatorMetrics, "invalidator-metrics", cfg.InvalidatorMetrics, `address of the invalidator's /metrics ("" for none)`)
-	fs.StringVar(&cfg.CacheNodeMetrics, "cache-node-metrics", cfg.CacheNodeMetrics, `address of the cache-node's /metrics ("" for none)`)
+	fs.StringVar(&cfg.CacheNodeMetrics, "cache-node-metrics", cfg.CacheNodeMetrics, `address of the cache-node's /metrics ("" for none; with -cache-nodes N, the next nodes take the next ports)`)
+	fs.IntVar(&cfg.CacheNodes, "cache-nodes", 1, "cache-nodes to run; more than one join a libp2p overlay (credentials in the secrets folder), on consecutive ports from -cache-node-port, and LARDER_DSN lists them with larder.node-placement=home (the first is the home node)")
+	fs.BoolVar(&cfg.BroadcastInvalidation, "broadcast-invalidation", false, "run the cache-nodes in the broadcast ablation: each receives every invalidation (cache-node --broadcast-invalidation)")
 	fs.StringVar(&cfg.InvalidatorQUMA, "quma", cfg.InvalidatorQUMA, "the application's QUMA file (qumaana analyze): the invalidator starts with its tag column sets and LARDER_DSN names it (default: one the stack writes, keyed on each table's keys; clients register any other set they key on at run time)")
 	fs.BoolVar(&cfg.FixReplicaIdentity, "fix-replica-identity", cfg.FixReplicaIdentity, "let the invalidator run the ALTER TABLE … REPLICA IDENTITY FULL statements its checks ask for (default: it waits for them, PostgreSQL staying up)")
 	pgSettings := fs.String("pg-settings", "", "extra PostgreSQL settings, name=value,… (e.g. shared_preload_libraries=pg_stat_statements)")

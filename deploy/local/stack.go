@@ -16,9 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/larderdb/larder/cache-node/daemon"
 	"github.com/larderdb/larder/internal/invalidation"
-	"github.com/larderdb/larder/internal/pki"
 	"github.com/larderdb/larder/internal/servers"
 	"github.com/larderdb/larder/invalidator/publisher"
 	"github.com/larderdb/larder/invalidator/service"
@@ -42,6 +40,17 @@ type Config struct {
 	// free port); CacheNodeMemory its byte budget.
 	CacheNodePort   int
 	CacheNodeMemory int64
+	// CacheNodes is how many cache-nodes run (0 or 1: one). More than one
+	// join a libp2p overlay (a pre-shared network key and the allow-list
+	// of their peer IDs, generated in Dir/secrets), each on its own ports
+	// (CacheNodePort, CacheNodePort+1, …, and the metrics likewise), and
+	// LARDER_DSN lists them all with larder.node-placement=home: the first
+	// is the application's home node, which forwards each key to its
+	// master.
+	CacheNodes int
+	// BroadcastInvalidation runs the cache-nodes in the broadcast ablation
+	// (cache-node --broadcast-invalidation).
+	BroadcastInvalidation bool
 	// InvalidatorQUMA is the application's QUMA file: the invalidator
 	// publishes its tag column sets from the start ("": each table's keys),
 	// and LARDER_DSN names it, so the application's clients key their
@@ -111,10 +120,7 @@ type Stack struct {
 	invalidatorDone chan error
 	metricsAddr     string
 
-	stopNode        context.CancelFunc
-	nodeDone        chan error
-	nodeAddr        string
-	nodeMetricsAddr string
+	nodes []*stackNode // the cache-nodes, the home node first (nodes.go)
 
 	// identityProblem is the invalidator's replica identity complaint
 	// while it waits for the fix ("" when it runs).
@@ -175,7 +181,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: invalidator: %w", err)
 	}
-	if err := s.startCacheNode(cfg); err != nil {
+	if err := s.startCacheNodes(cfg); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: cache-node: %w", err)
 	}
@@ -301,40 +307,6 @@ func (s *Stack) logger(cfg Config, name string) (*slog.Logger, error) {
 // Config.Log).
 func (s *Stack) LogDir() string { return filepath.Join(s.dir, "logs") }
 
-// startCacheNode runs a cache-node with the memory backend in this process.
-func (s *Stack) startCacheNode(cfg Config) error {
-	log, err := s.logger(cfg, "cache-node.log")
-	if err != nil {
-		return err
-	}
-	budget := cfg.CacheNodeMemory
-	if budget <= 0 {
-		budget = 256 << 20
-	}
-	o := daemon.Options{Listen: fmt.Sprintf("127.0.0.1:%d", cfg.CacheNodePort), NATS: s.NATS.URL(), Store: "memory", Memory: budget}
-	if o.Metrics, err = freeAddr(cfg.CacheNodeMetrics); err != nil {
-		return err
-	}
-	s.nodeMetricsAddr = o.Metrics
-	if o.TLS, err = pki.ServerTLS(s.Creds.NodeCert, s.Creds.NodeKey, s.Creds.CA); err != nil {
-		return err
-	}
-	if o.NATSOptions, err = s.Creds.natsOptions(invalidation.RoleCacheNode); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	s.stopNode, s.nodeDone = cancel, make(chan error, 1)
-	go func() { s.nodeDone <- daemon.Run(ctx, o, log, ready) }()
-	select {
-	case s.nodeAddr = <-ready:
-		return nil
-	case err := <-s.nodeDone:
-		s.nodeDone <- err
-		return err
-	}
-}
-
 // writeQUMA analyzes the database's schema from its catalogs (no workload
 // yet: every query is table-tagged) into the QUMA file client-lib loads.
 func (s *Stack) writeQUMA(ctx context.Context) error {
@@ -373,7 +345,10 @@ func (s *Stack) DSN() string {
 	q := url.Values{}
 	q.Set("larder.nats", s.NATS.URL())
 	q.Set("larder.nats-nkey", s.Creds.NATS.Seeds[invalidation.RoleClient])
-	q.Set("larder.nodes", s.nodeAddr)
+	q.Set("larder.nodes", strings.Join(s.CacheNodeAddrs(), ","))
+	if len(s.nodes) > 1 {
+		q.Set("larder.node-placement", "home")
+	}
 	q.Set("larder.node-ca", s.Creds.CA)
 	q.Set("larder.node-cert", s.Creds.ClientCert)
 	q.Set("larder.node-key", s.Creds.ClientKey)
@@ -390,8 +365,13 @@ func (s *Stack) qumaForClients() string {
 	return s.QUMAFile()
 }
 
-// CacheNodeAddr is where the cache-node serves its protocol.
-func (s *Stack) CacheNodeAddr() string { return s.nodeAddr }
+// CacheNodeAddr is where the (first) cache-node serves its protocol.
+func (s *Stack) CacheNodeAddr() string {
+	if len(s.nodes) == 0 {
+		return ""
+	}
+	return s.nodes[0].addr
+}
 
 // InvalidatorMetricsURL is the invalidator's Prometheus endpoint, if any.
 func (s *Stack) InvalidatorMetricsURL() string {
@@ -412,15 +392,27 @@ func (s *Stack) URLs() map[string]string {
 	m["LARDER_NODE_CA"] = s.Creds.CA
 	m["LARDER_NODE_CERT"] = s.Creds.ClientCert
 	m["LARDER_NODE_KEY"] = s.Creds.ClientKey
-	if s.nodeAddr != "" {
-		m["LARDER_CACHE_NODE"] = s.nodeAddr
+	if len(s.nodes) > 0 {
+		m["LARDER_CACHE_NODE"] = s.nodes[0].addr
 		m["LARDER_DSN"] = s.DSN()
+	}
+	if len(s.nodes) > 1 {
+		m["LARDER_CACHE_NODES"] = strings.Join(s.CacheNodeAddrs(), ",")
+		var metrics []string
+		for _, n := range s.nodes {
+			if n.metricsAddr != "" {
+				metrics = append(metrics, "http://"+n.metricsAddr+"/metrics")
+			}
+		}
+		if len(metrics) > 0 {
+			m["LARDER_CACHE_NODES_METRICS"] = strings.Join(metrics, ",")
+		}
 	}
 	if u := s.InvalidatorMetricsURL(); u != "" {
 		m["LARDER_INVALIDATOR_METRICS"] = u
 	}
-	if s.nodeMetricsAddr != "" {
-		m["LARDER_CACHE_NODE_METRICS"] = "http://" + s.nodeMetricsAddr + "/metrics"
+	if len(s.nodes) > 0 && s.nodes[0].metricsAddr != "" {
+		m["LARDER_CACHE_NODE_METRICS"] = "http://" + s.nodes[0].metricsAddr + "/metrics"
 	}
 	return m
 }
@@ -457,12 +449,7 @@ func (s *Stack) envText() string {
 func (s *Stack) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
-		if s.stopNode != nil {
-			s.stopNode()
-			if err := <-s.nodeDone; err != nil {
-				errs = append(errs, fmt.Errorf("cache-node: %w", err))
-			}
-		}
+		errs = append(errs, s.stopCacheNodes()...)
 		if s.stopInvalidator != nil {
 			s.stopInvalidator()
 			if err := <-s.invalidatorDone; err != nil {

@@ -304,3 +304,25 @@ CREATE TABLE kid () INHERITS (parent);`); err != nil {
 		}
 	}
 }
+
+// A name parameter's canonical text is what PostgreSQL stores: truncated
+// to 63 bytes at a character boundary.
+func TestNameCanonicalMatchesPostgres(t *testing.T) {
+	srv := testenv.Postgres(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.Database(t, srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	for _, v := range []string{"short", strings.Repeat("a", 63), strings.Repeat("b", 70), strings.Repeat("é", 40), "x" + strings.Repeat("é", 40), strings.Repeat("€", 30)} {
+		var want string
+		if err := conn.QueryRow(ctx, "SELECT $1::text::name::text", v).Scan(&want); err != nil {
+			t.Fatal(err)
+		}
+		got, ok := canonical("name", v)
+		if !ok || got != want {
+			t.Errorf("canonical(name, %d bytes) = %q (%v), PostgreSQL stores %q", len(v), got, ok, want)
+		}
+	}
+}

@@ -14,6 +14,9 @@ import (
 // canonical returns v in the text form PostgreSQL's output function gives a
 // column of type typ (what logical replication reports for a row), or false
 // when it cannot be sure of it; the caller then falls back to the table tag.
+// maxNameBytes is the most bytes of a name (NAMEDATALEN - 1).
+const maxNameBytes = 63
+
 func canonical(typ string, v any) (string, bool) {
 	if vr, ok := v.(driver.Valuer); ok {
 		dv, err := vr.Value()
@@ -46,6 +49,15 @@ func canonical(typ string, v any) (string, bool) {
 		}
 		if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
 			return "", false
+		}
+		if typ == "name" && len(s) > maxNameBytes {
+			// PostgreSQL truncates a name to 63 bytes, at a character
+			// boundary (pg_mbcliplen): the row holds the truncated text.
+			n := maxNameBytes
+			for n > 0 && !utf8.RuneStart(s[n]) {
+				n--
+			}
+			s = s[:n]
 		}
 		return s, true
 	case "bool":

@@ -28,6 +28,9 @@ type Config struct {
 	NowGranularity time.Duration
 	// UseSQLNow runs the original end_date >= now() form instead.
 	UseSQLNow bool
+	// Functions builds the item, user and bid history pages in cacheable
+	// functions (functions.go) rather than query by query.
+	Functions bool
 	// Clock is the time source (default time.Now).
 	Clock func() time.Time
 	// Log receives the errors of failed interactions (answered 500);
@@ -39,6 +42,8 @@ type Config struct {
 type App struct {
 	cfg Config
 	mux *http.ServeMux
+	// the cacheable functions of the item, user and bid history pages
+	itemFn, userFn, bidsFn *larder.SQLFunction[int, []section]
 }
 
 // Interactions are the 27 emulator states, by path, in the order of the
@@ -66,6 +71,9 @@ func New(cfg Config) (*App, error) {
 		cfg.ReadContext = func(ctx context.Context) context.Context { return ctx }
 	}
 	a := &App{cfg: cfg, mux: http.NewServeMux()}
+	a.itemFn = pageFunction("rubis-view-item", a.itemSections)
+	a.userFn = pageFunction("rubis-view-user", a.userSections)
+	a.bidsFn = pageFunction("rubis-view-bids", a.bidSections)
 	handlers := map[string]func(*req) error{
 		"Home": static("Welcome to RUBiS"), "Register": static("Register"), "Browse": static("Browse"),
 		"BuyNowAuth": static("Buy now: log in"), "PutBidAuth": static("Bid: log in"), "PutCommentAuth": static("Comment: log in"),

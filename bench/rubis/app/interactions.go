@@ -95,7 +95,7 @@ func (a *App) viewItem(q *req) error {
 	if err != nil {
 		return err
 	}
-	return a.read(q, func(tx *sql.Tx) error { return a.itemSections(q, tx, id) })
+	return a.readPage(q, a.itemFn, a.itemSections, id)
 }
 
 // nicknames adds a section with the nickname of each user id.
@@ -117,22 +117,26 @@ func (a *App) viewUserInfo(q *req) error {
 	if err != nil {
 		return err
 	}
-	return a.read(q, func(tx *sql.Tx) error {
-		user, err := query(q, tx, "User", "SELECT * FROM users WHERE id = $1", id)
-		if err != nil {
-			return err
-		}
-		if len(user.Rows) == 0 {
-			return notFound(q, "user "+strconv.Itoa(id))
-		}
-		q.page.Sections = append(q.page.Sections, user)
-		comments, err := query(q, tx, "Comments", "SELECT * FROM comments WHERE to_user_id = $1", id)
-		if err != nil {
-			return err
-		}
-		q.page.Sections = append(q.page.Sections, comments)
-		return nicknames(q, tx, "Comment authors", column(comments, "from_user_id"))
-	})
+	return a.readPage(q, a.userFn, a.userSections, id)
+}
+
+// userSections are the user page's: the user, the comments about them and
+// their authors.
+func (a *App) userSections(q *req, tx *sql.Tx, id int) error {
+	user, err := query(q, tx, "User", "SELECT * FROM users WHERE id = $1", id)
+	if err != nil {
+		return err
+	}
+	if len(user.Rows) == 0 {
+		return notFound(q, "user "+strconv.Itoa(id))
+	}
+	q.page.Sections = append(q.page.Sections, user)
+	comments, err := query(q, tx, "Comments", "SELECT * FROM comments WHERE to_user_id = $1", id)
+	if err != nil {
+		return err
+	}
+	q.page.Sections = append(q.page.Sections, comments)
+	return nicknames(q, tx, "Comment authors", column(comments, "from_user_id"))
 }
 
 func (a *App) viewBidHistory(q *req) error {
@@ -140,19 +144,23 @@ func (a *App) viewBidHistory(q *req) error {
 	if err != nil {
 		return err
 	}
-	return a.read(q, func(tx *sql.Tx) error {
-		name, err := itemOrOld(q, tx, "name", id)
-		if err != nil {
-			return err
-		}
-		q.page.Sections = append(q.page.Sections, name)
-		bids, err := query(q, tx, "Bids", "SELECT * FROM bids WHERE item_id = $1 ORDER BY date DESC", id)
-		if err != nil {
-			return err
-		}
-		q.page.Sections = append(q.page.Sections, bids)
-		return nicknames(q, tx, "Bidders", column(bids, "user_id"))
-	})
+	return a.readPage(q, a.bidsFn, a.bidSections, id)
+}
+
+// bidSections are the bid history page's: the item's name, its bids and
+// their bidders.
+func (a *App) bidSections(q *req, tx *sql.Tx, id int) error {
+	name, err := itemOrOld(q, tx, "name", id)
+	if err != nil {
+		return err
+	}
+	q.page.Sections = append(q.page.Sections, name)
+	bids, err := query(q, tx, "Bids", "SELECT * FROM bids WHERE item_id = $1 ORDER BY date DESC", id)
+	if err != nil {
+		return err
+	}
+	q.page.Sections = append(q.page.Sections, bids)
+	return nicknames(q, tx, "Bidders", column(bids, "user_id"))
 }
 
 func (a *App) buyNow(q *req) error {

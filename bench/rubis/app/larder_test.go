@@ -99,13 +99,17 @@ func TestSamePagesThroughLarder(t *testing.T) {
 	now := time.Now()
 	clock := func() time.Time { return now }
 	viaPG := newServer(t, direct, Config{Clock: clock})
-	for _, mode := range []string{"larder", "larder-nocons", "local-only"} {
+	for _, mode := range []string{"larder", "larder-nocons", "local-only", "larder-functions"} {
+		functions := mode == "larder-functions"
+		if functions {
+			mode = "larder"
+		}
 		cached, err := sql.Open(larder.DriverName, dsn(mode))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer cached.Close()
-		viaLarder := newServer(t, cached, Config{Clock: clock, ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, 30*time.Second) }})
+		viaLarder := newServer(t, cached, Config{Clock: clock, Functions: functions, ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, 30*time.Second) }})
 		// Every pin is taken after the load (the invalidator started after
 		// it); before the first pin, transactions read fresh snapshots.
 		for round := 0; round < 2; round++ {

@@ -268,20 +268,27 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&b, "\nEvery run, in the order they ran (node misses: compulsory / staleness / capacity / consistency; "+
 		"fresh / uncached: read-only transactions that found no pin recent enough and had the pincushion place a snapshot of their own, "+
 		"and those that ran uncached because it could not; "+
+		"node lookups per request, and cacheable function calls served from the cache / run (mode larder-functions); "+
 		"CPU in cores used by this benchmark's own processes: PostgreSQL / application / invalidator+cache-node / NATS / k6):\n\n"+
-		"| repeat | mode | VUs | requests/s | failed | worst p90 (ms) | interaction | hit rate | node misses | fresh / uncached | CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+		"| repeat | mode | VUs | requests/s | failed | worst p90 (ms) | interaction | hit rate | node misses | fresh / uncached | lookups/request | functions hit / run | CPU |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Runs {
-		hit, misses, fresh := "—", "—", "—"
+		hit, misses, fresh, lookups, fns := "—", "—", "—", "—", "—"
 		if len(x.Reads) > 0 {
 			hit = fmt.Sprintf("%.0f%%", 100*x.HitRate())
 			misses = fmt.Sprintf("%d / %d / %d / %d", x.Reads["miss-compulsory"], x.Reads["miss-staleness"], x.Reads["miss-capacity"], x.Reads["miss-consistency"])
 			fresh = fmt.Sprintf("%d / %d", x.Reads["tx-fresh-snapshot"], x.Reads["tx-fallback"])
+			if x.Requests > 0 {
+				lookups = fmt.Sprintf("%.2f", float64(x.Reads["node-lookups"])/float64(x.Requests))
+			}
+			if x.Reads["function-hits"]+x.Reads["function-runs"] > 0 {
+				fns = fmt.Sprintf("%d / %d", x.Reads["function-hits"], x.Reads["function-runs"])
+			}
 		}
 		cpu := "—"
 		if len(x.CPU) > 0 {
 			cpu = fmt.Sprintf("%.2f / %.2f / %.2f / %.2f / %.2f", x.CPU["postgres"], x.CPU["app"], x.CPU["larder"], x.CPU["nats"], x.CPU["k6"])
 		}
-		fmt.Fprintf(&b, "| %d | %s | %d | %.0f | %.2f%% | %.1f | %s | %s | %s | %s | %s |\n", max(x.Repeat, 1), x.Mode, x.VUs, x.Rate, 100*x.Failed, x.WorstP90, x.Worst, hit, misses, fresh, cpu)
+		fmt.Fprintf(&b, "| %d | %s | %d | %.0f | %.2f%% | %.1f | %s | %s | %s | %s | %s | %s | %s |\n", max(x.Repeat, 1), x.Mode, x.VUs, x.Rate, 100*x.Failed, x.WorstP90, x.Worst, hit, misses, fresh, lookups, fns, cpu)
 	}
 	return b.String()
 }

@@ -141,10 +141,17 @@ func stackRoots(procs map[int]proc, postmaster, stack, self int) map[int]root {
 type cpuMeter struct {
 	procDir                 string
 	postmaster, stack, self int
+	// app, when not 0, is a process tree that is the application too: the
+	// PHP server and its workers in the PHP modes.
+	app int
 }
 
 // sample returns each group's CPU seconds so far.
 func (m cpuMeter) sample() map[string]float64 {
 	procs := readProcs(m.procDir)
-	return attribute(procs, stackRoots(procs, m.postmaster, m.stack, m.self))
+	roots := stackRoots(procs, m.postmaster, m.stack, m.self)
+	if m.app > 0 {
+		roots[m.app] = root{group: "app"}
+	}
+	return attribute(procs, roots)
 }
