@@ -25,6 +25,15 @@
 // LARDER_CACHE_NODES and LARDER_CACHE_NODES_METRICS list them.
 // -broadcast-invalidation runs the nodes in the broadcast ablation.
 //
+// # The PostgreSQL wire front
+//
+// LARDER_PROXY_URL (127.0.0.1:16432, -front-port) is a front that speaks
+// PostgreSQL's protocol (client-lib/pgfront): psql, PHP and any driver
+// connect to it as to PostgreSQL; transactions begun READ ONLY read through
+// Larder, everything else goes to PostgreSQL unchanged. `demo` runs psql
+// through it twice; the second read is a cache hit. Its metrics are on
+// 127.0.0.1:19190 (-front-metrics).
+//
 // # The application's QUMA file and replica identities
 //
 // -quma FILE names the application's QUMA file in LARDER_DSN (and starts the

@@ -36,6 +36,8 @@ func main() {
 	fs.IntVar(&cfg.CacheNodes, "cache-nodes", 1, "cache-nodes to run; more than one join a libp2p overlay (credentials in the secrets folder), on consecutive ports from -cache-node-port, and LARDER_DSN lists them with larder.node-placement=home (the first is the home node)")
 	fs.BoolVar(&cfg.BroadcastInvalidation, "broadcast-invalidation", false, "run the cache-nodes in the broadcast ablation: each receives every invalidation (cache-node --broadcast-invalidation)")
 	fs.StringVar(&cfg.InvalidatorQUMA, "quma", cfg.InvalidatorQUMA, "the application's QUMA file (qumaana analyze): the invalidator starts with its tag column sets and LARDER_DSN names it (default: one the stack writes, keyed on each table's keys; clients register any other set they key on at run time)")
+	fs.IntVar(&cfg.FrontPort, "front-port", cfg.FrontPort, "port of the PostgreSQL wire front on 127.0.0.1 (LARDER_PROXY_URL: psql and any driver read through Larder inside BEGIN READ ONLY; 0: any free port; -1: no front)")
+	fs.StringVar(&cfg.FrontMetrics, "front-metrics", cfg.FrontMetrics, `address of the front's /metrics ("" for none)`)
 	fs.BoolVar(&cfg.FixReplicaIdentity, "fix-replica-identity", cfg.FixReplicaIdentity, "let the invalidator run the ALTER TABLE … REPLICA IDENTITY FULL statements its checks ask for (default: it waits for them, PostgreSQL staying up)")
 	pgSettings := fs.String("pg-settings", "", "extra PostgreSQL settings, name=value,… (e.g. shared_preload_libraries=pg_stat_statements)")
 	_ = fs.Parse(os.Args[2:])
@@ -111,6 +113,13 @@ func run(verb string, cfg Config) error {
 		fmt.Printf("Cache-node: count(*) = %s computed at that pin, put and served; after an INSERT it is valid on [%s, %s) and a newer read misses (%s)\n",
 			r.CachedCount, pglogrepl.LSN(r.CachedLo), pglogrepl.LSN(r.CachedHi), r.NewerMiss)
 		fmt.Printf("database/sql, driver \"larder\", LARDER_DSN: count(*) = %d (a snapshot within the staleness limit); after an INSERT through it, %d (read your writes)\n", r.DriverCounts[0], r.DriverCounts[1])
+		if s.ProxyURL() != "" {
+			counts, hits, err := s.PsqlThroughFront(ctx)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("psql \"$LARDER_PROXY_URL\" (the PostgreSQL wire front), BEGIN READ ONLY; SELECT count(*) FROM larder_demo; COMMIT, twice: %s; %d of the two reads served from the cache\n", strings.Join(counts, " and "), hits)
+		}
 	} else {
 		fmt.Println("Ctrl-C or SIGTERM stops it.")
 		<-ctx.Done()

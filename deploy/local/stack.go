@@ -65,6 +65,11 @@ type Config struct {
 	// CacheNodeMetrics is the address of the cache-node's /metrics
 	// ("127.0.0.1:0" picks a free port, "" serves none).
 	CacheNodeMetrics string
+	// FrontPort is the PostgreSQL wire front's port on 127.0.0.1 (0: a
+	// free port; < 0: no front); FrontMetrics the address of its /metrics
+	// ("" for none).
+	FrontPort    int
+	FrontMetrics string
 	// PostgresSettings are extra postgresql.conf settings (the
 	// benchmarks' diagnostics: shared_preload_libraries=pg_stat_statements).
 	PostgresSettings map[string]string
@@ -84,6 +89,8 @@ func DefaultConfig() Config {
 		NATSBin:            "nats-server",
 		InvalidatorMetrics: "127.0.0.1:19188",
 		CacheNodeMetrics:   "127.0.0.1:19189",
+		FrontPort:          16432,
+		FrontMetrics:       "127.0.0.1:19190",
 		CacheNodePort:      17070,
 		CacheNodeMemory:    256 << 20,
 	}
@@ -110,6 +117,8 @@ type Stack struct {
 	NATS  *servers.NATS
 	Redis *servers.Redis
 	dir   string
+	// front is the PostgreSQL wire front (nil: none).
+	front *stackFront
 	// appQUMA is the application's QUMA file (Config.InvalidatorQUMA), absolute.
 	appQUMA string
 	// Creds are the credentials the stack generated at start: every
@@ -188,6 +197,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	if err := s.writeQUMA(ctx); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("local: QUMA file: %w", err)
+	}
+	if err := s.startFront(ctx, cfg); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("local: PostgreSQL wire front: %w", err)
 	}
 	if err := os.WriteFile(s.EnvFile(), []byte(s.envText()), 0o600); err != nil {
 		_ = s.Close()
@@ -411,6 +424,12 @@ func (s *Stack) URLs() map[string]string {
 	if u := s.InvalidatorMetricsURL(); u != "" {
 		m["LARDER_INVALIDATOR_METRICS"] = u
 	}
+	if u := s.ProxyURL(); u != "" {
+		m["LARDER_PROXY_URL"] = u
+		if s.front.metricsAddr != "" {
+			m["LARDER_PROXY_METRICS"] = "http://" + s.front.metricsAddr + "/metrics"
+		}
+	}
 	if len(s.nodes) > 0 && s.nodes[0].metricsAddr != "" {
 		m["LARDER_CACHE_NODE_METRICS"] = "http://" + s.nodes[0].metricsAddr + "/metrics"
 	}
@@ -449,6 +468,9 @@ func (s *Stack) envText() string {
 func (s *Stack) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
+		if err := s.front.stop(); err != nil {
+			errs = append(errs, fmt.Errorf("front: %w", err))
+		}
 		errs = append(errs, s.stopCacheNodes()...)
 		if s.stopInvalidator != nil {
 			s.stopInvalidator()

@@ -80,6 +80,21 @@ func TestStackKeepsDataAcrossRestarts(t *testing.T) {
 		if round == 0 {
 			checkAuthentication(t, s)
 		}
+		// psql through the front: reads are served from the cache (once the
+		// node confirmed the entry's groups).
+		for attempt := 0; ; attempt++ {
+			counts, hits, err := s.PsqlThroughFront(ctx)
+			if err != nil || len(counts) != 2 || counts[0] != counts[1] {
+				t.Fatalf("round %d: psql through the front: %v, %v", round, counts, err)
+			}
+			if hits > 0 {
+				break
+			}
+			if attempt == 50 {
+				t.Fatalf("round %d: psql through the front: no read served from the cache in 50 attempts", round)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		r, err := s.Smoke(ctx)
 		if err != nil {
 			_ = s.Close()
