@@ -153,6 +153,10 @@ type Client struct {
 	// setting scope names (readScope), by role.
 	roleScopesMu sync.Mutex
 	roleScopes   map[string]*roleScope
+	// templateSQL holds the normalized text of the templates read, by id
+	// (Templates; bounded like the per-template metrics).
+	templateSQL   sync.Map
+	templateCount atomic.Int64
 	// storage is what storage checks proved (see storageFacts).
 	storage storageFacts
 }

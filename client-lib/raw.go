@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/larderdb/larder/qumaana/explain"
 )
 
 // This file is the library's face towards a PostgreSQL wire-protocol front
@@ -121,6 +123,16 @@ func (s *SessionConn) readScope(ctx context.Context) (sessionScope, error) {
 	}
 	s.own, s.ownEpoch = own, epoch
 	return own.read(ctx, s.conn)
+}
+
+// Explain says what the client does with sql in this session (its search
+// path): Client.Explain.
+func (s *SessionConn) Explain(sql string) (*explain.Report, error) {
+	var path []string
+	if s.read {
+		path = s.scope.path
+	}
+	return s.c.Explain(sql, path)
 }
 
 // insufficientPrivilege is PostgreSQL's SQLSTATE for a setting the role

@@ -434,6 +434,9 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return t.atSnapshot(ctx, sql, args, tables)
 	}
 	t.noteRead(qtags)
+	if _, ok := t.c.templateSQL.Load(tpl.ID); !ok && t.c.templateCount.Add(1) <= maxTemplates {
+		t.c.templateSQL.Store(tpl.ID, tpl.SQL)
+	}
 	tmin, tmax := t.Range()
 
 	if t.c.l1 != nil {

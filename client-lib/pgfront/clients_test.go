@@ -370,3 +370,41 @@ func enableServerTLS(t *testing.T, s *stack, cert pki.Issued) {
 		}
 	}
 }
+
+// EXPLAIN LARDER and SHOW LARDER QUERIES through psql: what Larder does
+// with a statement, and the templates the front read with their hits.
+func TestExplainLarderThroughFront(t *testing.T) {
+	s := typesStack(t)
+	host, port, _ := net.SplitHostPort(s.front.Addr().String())
+	viaFront := fmt.Sprintf("host=%s port=%s user=postgres dbname=%s", host, port, s.db)
+	for run := 0; run < 3; run++ {
+		if out, err := psql(t, viaFront, nil, "BEGIN READ ONLY", "SELECT balance FROM accounts WHERE id = 2", "COMMIT"); err != nil {
+			t.Fatalf("psql: %v\n%s", err, out)
+		}
+	}
+	out, err := psql(t, viaFront, nil, "EXPLAIN LARDER SELECT balance FROM accounts WHERE id = 2")
+	if err != nil {
+		t.Fatalf("EXPLAIN LARDER: %v\n%s", err, out)
+	}
+	for _, want := range []string{"Cacheable", "yes", "public.accounts(id)", "Reads through this front"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("EXPLAIN LARDER lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = psql(t, viaFront, nil, "EXPLAIN LARDER SELECT random() FROM accounts")
+	if err != nil || !strings.Contains(out, "no: calls volatile function random()") {
+		t.Errorf("EXPLAIN LARDER of an uncacheable statement: %v\n%s", err, out)
+	}
+	if out, err := psql(t, viaFront, nil, "EXPLAIN LARDER SELEC 1"); err == nil || !strings.Contains(out, "syntax error") {
+		t.Errorf("EXPLAIN LARDER of malformed SQL: %v\n%s", err, out)
+	}
+	out, err = psql(t, viaFront, nil, "SHOW LARDER QUERIES")
+	if err != nil || !strings.Contains(out, "SELECT balance FROM accounts WHERE id = $1") {
+		t.Errorf("SHOW LARDER QUERIES: %v\n%s", err, out)
+	}
+	// Inside a Larder transaction too.
+	out, err = psql(t, viaFront, nil, "BEGIN READ ONLY", "SHOW LARDER QUERIES", "COMMIT")
+	if err != nil || !strings.Contains(out, "accounts") {
+		t.Errorf("SHOW LARDER QUERIES in a read-only transaction: %v\n%s", err, out)
+	}
+}

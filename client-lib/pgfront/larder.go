@@ -46,6 +46,9 @@ type portal struct {
 // as one query (outside a Larder transaction), or answered through the
 // library (inside one).
 func (s *session) simpleQuery(ctx context.Context, sql string) {
+	if kw := firstKeyword(sql); (kw == "EXPLAIN" || kw == "SHOW") && s.larderStatement(ctx, sql) {
+		return
+	}
 	if s.ltx == nil && !interceptKeywords[firstKeyword(sql)] {
 		s.relayQuery(sql, nil)
 		return

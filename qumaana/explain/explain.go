@@ -20,12 +20,16 @@ type Options struct {
 	// the template is in it. Nil: the sets the statement's own analysis
 	// proposes.
 	Solution *quma.Solution
+	// TagSets, when Solution is nil, are the tag column sets a running
+	// client keys on (the QUMA file's that the invalidator publishes).
+	TagSets map[string][][]string
 }
 
 // Tag-set sources, Report.TagSetsFrom.
 const (
 	SetsFromQUMA      = "quma"      // the QUMA file's tag column sets
 	SetsFromStatement = "statement" // the sets the statement's own analysis proposes
+	SetsFromClient    = "client"    // the sets a running client keys on (Options.TagSets)
 )
 
 // maxTagsShown bounds the tags listed per dependency (IN lists multiply).
@@ -132,6 +136,8 @@ func Statement(sql string, o Options) (*Report, error) {
 	sets, from := proposed, SetsFromStatement
 	if o.Solution != nil {
 		sets, from = o.Solution.TagSets(), SetsFromQUMA
+	} else if o.TagSets != nil {
+		sets, from = o.TagSets, SetsFromClient
 	}
 	t, err := quma.NewAnalyzer(o.Schema, sets).Prepare(sql)
 	if err != nil {
@@ -155,7 +161,7 @@ func Statement(sql string, o Options) (*Report, error) {
 	reads := map[string]*TableReads{}
 	for _, d := range t.Deps {
 		tables[d.Table] = true
-		r.Dependencies = append(r.Dependencies, dependency(d, sets, proposed, o.Solution != nil))
+		r.Dependencies = append(r.Dependencies, dependency(d, sets, proposed, o.Solution != nil || o.TagSets != nil))
 		tr := reads[d.Table]
 		if tr == nil {
 			tr = &TableReads{Table: d.Table}

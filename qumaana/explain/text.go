@@ -51,6 +51,8 @@ func (r *Report) WriteText(w io.Writer) error {
 		row("Tag sets", "the QUMA file's (it lists this template)")
 	case r.TagSetsFrom == SetsFromQUMA:
 		row("Tag sets", "the QUMA file's (it does not list this template: a client analyzes it at run time with the file's sets)")
+	case r.TagSetsFrom == SetsFromClient:
+		row("Tag sets", "the client's: its QUMA file's sets that the invalidator publishes")
 	default:
 		row("Tag sets", "proposed by this statement alone, as `qumaana analyze` would choose them (no QUMA file given)")
 	}
