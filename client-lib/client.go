@@ -103,6 +103,25 @@ type Config struct {
 	// transaction's snapshot, so results may mix snapshots within the
 	// staleness limit. Never set it for an application.
 	UnsafeIgnoreConsistency bool
+	// Origin, when set, is the host:port of an origin next to PostgreSQL
+	// (cache-node/origin): the misses of read-only transactions at a pin
+	// run there and travel back as row recipes, over mutual TLS
+	// (OriginTLS). Fresh snapshots, fallbacks and database/sql sessions still
+	// use the client's own connection, as does a transaction the origin
+	// cannot take.
+	Origin string
+	// OriginTLS is the mutual TLS to the origin (nil: NodeTLS; the DSN
+	// uses the node's files for both).
+	OriginTLS *tls.Config
+	// OriginRows is the byte budget of the edge's row store, which
+	// resolves the recipes' references (default DefaultOriginRows).
+	OriginRows int64
+	// OriginEdgeID names this client to the origin, which models its row
+	// store under that name (default: random, per client).
+	OriginEdgeID string
+	// Loader, when set, runs the misses at a pin instead (Origin is then
+	// ignored); see Loader.
+	Loader Loader
 }
 
 // Client is a connection to PostgreSQL through Larder.
@@ -159,6 +178,11 @@ type Client struct {
 	templateCount atomic.Int64
 	// storage is what storage checks proved (see storageFacts).
 	storage storageFacts
+	// loader runs misses at pins (nil: the direct path); originL is it
+	// when it is an origin's; lm counts what it did.
+	loader  Loader
+	originL *originLoader
+	lm      *loaderMetrics
 }
 
 // Stats counts what the client did.
@@ -279,6 +303,10 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	c.keying.Store(k)
 	for _, addr := range cfg.Nodes {
 		c.nodes = append(c.nodes, newNodeClient(c, addr))
+	}
+	if err := c.setupLoader(); err != nil {
+		c.Close()
+		return nil, err
 	}
 	c.stop = make(chan struct{})
 	c.bg.Add(1)
@@ -415,6 +443,7 @@ func (c *Client) Close() {
 	for _, n := range c.nodes {
 		n.close()
 	}
+	c.closeLoader()
 	if c.pins != nil {
 		c.pins.close()
 	}

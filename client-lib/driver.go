@@ -208,6 +208,17 @@ func ParseDSN(dsn string) (Config, error) {
 			if cfg.MissWait == 0 {
 				cfg.MissWait = -1
 			}
+		case "larder.origin":
+			if host, port, err := net.SplitHostPort(v); err != nil || host == "" || port == "" {
+				return cfg, fmt.Errorf("larder: larder.origin=%q: want host:port", v)
+			}
+			cfg.Origin = v
+		case "larder.origin-rows":
+			if cfg.OriginRows, err = bytesize.Parse(v); err != nil || cfg.OriginRows <= 0 {
+				return cfg, fmt.Errorf("larder: larder.origin-rows=%q: want a byte count such as 64MiB", v)
+			}
+		case "larder.origin-edge":
+			cfg.OriginEdgeID = v
 		case "larder.l1":
 			if cfg.L1Bytes, err = bytesize.Parse(v); err != nil {
 				return cfg, fmt.Errorf("larder: larder.l1=%q: want a byte count such as 67108864 or 64MiB", v)

@@ -42,6 +42,9 @@ type ROTx struct {
 	// in a transaction open on conn.
 	conn  dbConn
 	fixed bool
+	// remote, when set, is the transaction at the pin that the client's
+	// Loader began (beginAt) instead of conn.
+	remote PinnedTx
 	// session is the database/sql connection the transaction runs on (its
 	// session's settings count); nil: a connection from the client's pool.
 	session *pgx.Conn
@@ -242,6 +245,11 @@ func (t *ROTx) begin(ctx context.Context, snapshot string, ts uint64, tables []s
 // closeConn ends the PostgreSQL transaction (read-only: nothing to keep)
 // and gives a pooled connection back.
 func (t *ROTx) closeConn(ctx context.Context) error {
+	if t.remote != nil {
+		err := t.remote.End(ctx)
+		t.remote, t.held = nil, nil
+		return err
+	}
 	if t.conn == nil {
 		return nil
 	}
@@ -266,7 +274,7 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 	}
 	for len(t.cands) > 0 {
 		pin := t.cands[len(t.cands)-1]
-		err := t.begin(ctx, pin.SnapshotID, pin.LSN, tables)
+		err := t.beginAt(ctx, pin, tables)
 		if errors.Is(err, errRewritten) {
 			t.c.pins.dropThrough(pin.LSN)
 			_ = t.closeConn(ctx)
@@ -535,6 +543,12 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 // statement that may have changed it; when it cannot be read, nothing more
 // the transaction reads is cached.
 func (t *ROTx) rescope(ctx context.Context) {
+	if t.remote != nil {
+		// The statement ran in the Loader's session, whose state the
+		// client cannot read: nothing more the transaction reads is cached.
+		t.scope.uncached = "a statement that may have changed the session ran through the loader"
+		return
+	}
 	if t.conn == nil {
 		return
 	}
@@ -589,6 +603,9 @@ func (t *ROTx) atSnapshot(ctx context.Context, sql string, args []any, tables []
 
 // onDB runs a query in the PostgreSQL transaction.
 func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error) {
+	if t.remote != nil {
+		return t.remote.Query(ctx, sql, args)
+	}
 	if w, ok := wireOf(args); ok { // a statement as a client sent it (raw.go)
 		return w.run(ctx, pgConnOf(t.conn))
 	}
@@ -612,7 +629,7 @@ func (t *ROTx) replan(ctx context.Context, sql string, args []any, tables []stri
 	if t.snapshot != "" {
 		t.c.m.planRetries.Inc()
 		_ = t.closeConn(ctx)
-		if err := t.begin(ctx, t.snapshot, t.ts, tables); err != nil {
+		if err := t.beginAt(ctx, invalidation.Pin{SnapshotID: t.snapshot, LSN: t.ts}, tables); err != nil {
 			return nil, err
 		}
 		if res, err := t.onDB(ctx, sql, args); !planChanged(err) {
@@ -631,6 +648,13 @@ func (t *ROTx) replan(ctx context.Context, sql string, args []any, tables []stri
 // the check finds one that came between the snapshot and the lock: the
 // pins that old are dropped and the transaction is retried (ErrRetry).
 func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
+	if t.remote != nil {
+		err := t.remote.Hold(ctx, tables)
+		if errors.Is(err, errRewritten) {
+			t.c.pins.dropThrough(t.ts)
+		}
+		return err
+	}
 	plan := t.planHold(tables, t.ts)
 	if plan == nil {
 		return nil

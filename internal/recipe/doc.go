@@ -74,6 +74,14 @@
 // store's rows rather than copying them. FORMAT.md beside this file is the
 // byte layout.
 //
+// # Users
+//
+// The origin (package cache-node/origin, command larder-origin) keeps a
+// Tracker per edge and encodes each miss it runs; client-lib's Loader
+// through an origin (client-lib/origin.go) holds the edge's RowStore and
+// decodes with one batched refetch over the origin session.
+// cache-node/origin/README.md describes the transport.
+//
 // # Concurrency
 //
 // Tracker and RowStore are safe for concurrent use; hashing runs outside

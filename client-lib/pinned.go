@@ -1,0 +1,95 @@
+package larder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/larderdb/larder/cache-node/origin"
+	"github.com/larderdb/larder/internal/recipe"
+)
+
+// OpenPinned opens a client that runs transactions only at pins it is
+// given (DirectLoader, OriginBackend): an origin's. It needs PostgreSQL
+// only: no NATS, QUMA file or cache-nodes, since it neither chooses
+// snapshots nor caches. It reads with the session scope of postgresURL's
+// role and settings; an edge whose scope differs is refused.
+func OpenPinned(ctx context.Context, postgresURL string, reg prometheus.Registerer) (*Client, error) {
+	if postgresURL == "" {
+		return nil, errors.New("larder: PostgresURL is required")
+	}
+	c := &Client{cfg: Config{PostgresURL: postgresURL, Metrics: reg, Log: slog.Default()}, m: newClientMetrics(reg),
+		registered: map[string]bool{}, pins: &pinTracker{}}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.maps.New = func() any { return &pgxTypeMap{pgtype.NewMap()} }
+	var err error
+	if c.pool, err = pgxpool.New(ctx, postgresURL); err != nil {
+		c.cancel()
+		return nil, fmt.Errorf("larder: %w", err)
+	}
+	sq, err := loadScopeQuery(ctx, c.pool)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.scope.Store(sq)
+	scope, err := c.readScope(ctx, c.pool)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.poolScope.Store(&scope)
+	return c, nil
+}
+
+// OriginBackend serves an origin's edges with the client's DirectLoader:
+// the same snapshot import, table holds, storage checks and replans as a
+// read-only transaction's own.
+func (c *Client) OriginBackend() origin.Backend { return originBackend{c.DirectLoader()} }
+
+type originBackend struct{ l Loader }
+
+func (b originBackend) Begin(ctx context.Context, r *origin.Begin) (origin.Tx, error) {
+	tx, err := b.l.BeginAt(ctx, LoadRequest{Pin: Pin{SnapshotID: r.Snapshot, LSN: r.TS}, Tables: r.Tables, SQLFormats: r.SQLFormats, Scope: r.Scope})
+	if err != nil {
+		return nil, toOrigin(err)
+	}
+	return originBackendTx{tx}, nil
+}
+
+type originBackendTx struct{ tx PinnedTx }
+
+func (t originBackendTx) Hold(ctx context.Context, tables []string) error {
+	return toOrigin(t.tx.Hold(ctx, tables))
+}
+
+func (t originBackendTx) Query(ctx context.Context, sql string, args []any) (recipe.Result, error) {
+	res, err := t.tx.Query(ctx, sql, args)
+	if err != nil {
+		return recipe.Result{}, toOrigin(err)
+	}
+	return res.recipeResult(), nil
+}
+
+func (t originBackendTx) End(ctx context.Context) error { return t.tx.End(ctx) }
+
+// toOrigin marks the client's retries and refusals with the origin's
+// sentinels, which the edge maps back (originError).
+func toOrigin(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errRewritten):
+		return fmt.Errorf("%v: %w", err, origin.ErrRewritten)
+	case errors.Is(err, ErrRetry):
+		return fmt.Errorf("%v: %w", err, origin.ErrRetry)
+	case errors.Is(err, ErrLoaderUnavailable):
+		return fmt.Errorf("%v: %w", err, origin.ErrScope)
+	}
+	return err
+}
