@@ -185,6 +185,29 @@ type Client struct {
 	lm      *loaderMetrics
 }
 
+// openPool opens the client's PostgreSQL pool and reads its sessions'
+// scope; on error the client is closed.
+func (c *Client) openPool(ctx context.Context, postgresURL string) error {
+	var err error
+	if c.pool, err = pgxpool.New(ctx, postgresURL); err != nil {
+		c.cancel()
+		return fmt.Errorf("larder: %w", err)
+	}
+	sq, err := loadScopeQuery(ctx, c.pool)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	c.scope.Store(sq)
+	scope, err := c.readScope(ctx, c.pool)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	c.poolScope.Store(&scope)
+	return nil
+}
+
 // Stats counts what the client did.
 type Stats struct {
 	// Fallbacks counts read-only transactions that ran uncached on a
@@ -269,22 +292,9 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.L1Bytes > 0 {
 		c.l1 = store.NewMemory(cfg.L1Bytes, nil)
 	}
-	if c.pool, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
-		c.cancel()
-		return nil, fmt.Errorf("larder: %w", err)
-	}
-	sq, err := loadScopeQuery(ctx, c.pool)
-	if err != nil {
-		c.Close()
+	if err := c.openPool(ctx, cfg.PostgresURL); err != nil {
 		return nil, err
 	}
-	c.scope.Store(sq)
-	scope, err := c.readScope(ctx, c.pool)
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
-	c.poolScope.Store(&scope)
 	if c.nc, err = nats.Connect(cfg.NATSURL, c.natsOptions()...); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("larder: NATS: %w", err)

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/larderdb/larder/cache-node/origin"
@@ -27,23 +26,9 @@ func OpenPinned(ctx context.Context, postgresURL string, reg prometheus.Register
 		registered: map[string]bool{}, pins: &pinTracker{}}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.maps.New = func() any { return &pgxTypeMap{pgtype.NewMap()} }
-	var err error
-	if c.pool, err = pgxpool.New(ctx, postgresURL); err != nil {
-		c.cancel()
-		return nil, fmt.Errorf("larder: %w", err)
-	}
-	sq, err := loadScopeQuery(ctx, c.pool)
-	if err != nil {
-		c.Close()
+	if err := c.openPool(ctx, postgresURL); err != nil {
 		return nil, err
 	}
-	c.scope.Store(sq)
-	scope, err := c.readScope(ctx, c.pool)
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
-	c.poolScope.Store(&scope)
 	return c, nil
 }
 

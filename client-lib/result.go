@@ -90,23 +90,29 @@ func decodeResult(b []byte) (*Result, error) {
 	}
 	nr := d.Count("rows", max(nf, 1))
 	for i := 0; i < nr && d.Err == nil; i++ {
-		row := make([][]byte, nf)
-		for j := 0; j < nf && d.Err == nil; j++ {
-			n := d.Uvarint("value length")
-			if n == 0 {
-				continue
-			}
-			n--
-			if n > uint64(len(d.B)) {
-				d.Fail("value of %d bytes in %d", n, len(d.B))
-				break
-			}
-			row[j] = d.B[:n:n]
-			d.B = d.B[n:]
-		}
-		r.Rows = append(r.Rows, row)
+		r.Rows = append(r.Rows, decodeRow(&d, nf))
 	}
 	return r, d.End()
+}
+
+// decodeRow decodes one row of nf values (a varint length + 1 each, 0 for
+// NULL); the values alias d's bytes.
+func decodeRow(d *wire.Decoder, nf int) [][]byte {
+	row := make([][]byte, nf)
+	for j := 0; j < nf && d.Err == nil; j++ {
+		n := d.Uvarint("value length")
+		if n == 0 {
+			continue
+		}
+		n--
+		if n > uint64(len(d.B)) {
+			d.Fail("value of %d bytes in %d", n, len(d.B))
+			break
+		}
+		row[j] = d.B[:n:n]
+		d.B = d.B[n:]
+	}
+	return row
 }
 
 // Rows iterates over a Result; Scan decodes with pgx's type map, as pgx

@@ -48,20 +48,7 @@ func resultFromRecipe(rr recipe.Result) (*Result, error) {
 	r.Rows = make([][][]byte, len(rr.Rows))
 	for i, b := range rr.Rows {
 		d := wire.Decoder{B: b, Wrap: errCorruptResult}
-		row := make([][]byte, nf)
-		for j := 0; j < nf && d.Err == nil; j++ {
-			n := d.Uvarint("value length")
-			if n == 0 {
-				continue
-			}
-			n--
-			if n > uint64(len(d.B)) {
-				d.Fail("value of %d bytes in %d", n, len(d.B))
-				break
-			}
-			row[j] = d.B[:n:n]
-			d.B = d.B[n:]
-		}
+		row := decodeRow(&d, nf)
 		if err := d.End(); err != nil {
 			return nil, err
 		}
