@@ -16,6 +16,11 @@
 // only: the stack's PostgreSQL (from its postmaster.pid) and NATS, the
 // stack's process (--stack-pid), this process and k6.
 //
+// Modes php-direct, php-larder and php-larder-l1 serve RUBiS's PHP
+// application (bench/rubis/php) under PHP's built-in server
+// (--php-workers), on PostgreSQL and through a Larder front run in this
+// process (php.go).
+//
 // --mode-url name=postgres://… adds a mode that runs the application
 // directly, like direct, on another PostgreSQL (another version, another
 // machine, a pooler); --mode-url direct=postgres://… moves the baseline.
@@ -72,8 +77,8 @@ func (m modeURLs) Set(v string) error {
 	if !ok || name == "" || strings.ContainsAny(name, ", ") {
 		return fmt.Errorf("want name=postgres://…, got %q", v)
 	}
-	if slices.Contains(larderModes, name) {
-		return fmt.Errorf("%s is a Larder mode; name the other PostgreSQL's mode otherwise", name)
+	if slices.Contains(larderModes, name) || isPHPMode(name) {
+		return fmt.Errorf("%s is a Larder or PHP mode; name the other PostgreSQL's mode otherwise", name)
 	}
 	if _, err := url.Parse(u); err != nil || !strings.HasPrefix(u, "postgres") {
 		return fmt.Errorf("mode %s: want a postgres:// URL", name)
@@ -99,11 +104,14 @@ type bench struct {
 	think    float64
 	size     datagen.Size
 	meter    cpuMeter
+	// phpReads is the running PHP mode's reads by source (php-larder's
+	// front; nil otherwise).
+	phpReads func() map[string]int64
 }
 
 func run() error {
 	envFile := flag.String("env", ".larder-local/stack.env", "the local stack's env file (LARDER_PG_URL, LARDER_DSN)")
-	modes := flag.String("modes", "direct,larder,larder-nocons,local-only", "modes, comma-separated (also larder-l1: larder with a 256 MiB L1 in the application; larder-client-ryw: larder without per-user sessions; larder-functions: larder with the item, user and bid history pages cached as functions)")
+	modes := flag.String("modes", "direct,larder,larder-nocons,local-only", "modes, comma-separated (also larder-l1: larder with a 256 MiB L1 in the application; larder-client-ryw: larder without per-user sessions; larder-functions: larder with the item, user and bid history pages cached as functions; php-direct, php-larder and php-larder-l1: the PHP application under PHP's built-in server, on PostgreSQL and through a Larder front in this process, without and with a 256 MiB L1)")
 	urls := modeURLs{}
 	flag.Var(urls, "mode-url", "name=postgres://…: a mode that runs the application directly, like direct, on another PostgreSQL (added to --modes; repeatable; direct=… moves the baseline)")
 	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
@@ -121,6 +129,7 @@ func run() error {
 	out := flag.String("out", "bench/rubis/results", "output folder")
 	skipLoad := flag.Bool("skip-load", false, "reuse the data already loaded")
 	loadOnly := flag.Bool("load-only", false, "load the data and stop")
+	flag.IntVar(&phpWorkers, "php-workers", phpWorkers, "PHP_CLI_SERVER_WORKERS of the PHP modes: PHP processes serving requests, each with its own database session")
 	flag.BoolVar(&sqlNow, "sql-now", false, "the application's time-dependent reads use RUBiS's original end_date >= NOW() (cached per clock bucket by Larder) instead of a $now parameter it rounds to a minute itself")
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	flag.Parse()
@@ -255,26 +264,13 @@ func run() error {
 // direct reports whether a mode runs on PostgreSQL directly.
 func (b *bench) direct(mode string) bool {
 	_, other := b.urls[mode]
-	return mode == "direct" || other
+	return mode == "direct" || mode == "php-direct" || other
 }
 
 // measure serves the application in one variant, warms it up and runs it
 // at every client count.
 func (b *bench) measure(ctx context.Context, vr variant, round, repeats int) ([]report.Run, error) {
-	db, err := b.open(vr.mode, vr.label)
-	if err != nil {
-		return nil, err
-	}
-	defer db.Close()
-	// Keep connections open in every mode: database/sql keeps only two
-	// idle ones by default, and reconnecting on every request would
-	// measure PostgreSQL's fork, not the modes.
-	db.SetMaxOpenConns(64)
-	db.SetMaxIdleConns(64)
-	// Users carry their read-your-writes session in a cookie, except in
-	// larder-client-ryw, where every write holds back every user's reads
-	// (the client's own session).
-	base, stop, err := serve(db, vr.staleness, vr.mode != "larder-client-ryw", vr.mode == "larder-functions")
+	base, stop, err := b.serveMode(ctx, vr)
 	if err != nil {
 		return nil, err
 	}
@@ -315,6 +311,37 @@ func (b *bench) measure(ctx context.Context, vr variant, round, repeats int) ([]
 	return runs, nil
 }
 
+// serveMode serves the application of a variant: the Go application in
+// this process, or the PHP one (php.go).
+func (b *bench) serveMode(ctx context.Context, vr variant) (string, func(), error) {
+	if isPHPMode(vr.mode) {
+		base, stop, reads, err := b.servePHP(ctx, vr)
+		if err != nil {
+			return "", nil, err
+		}
+		b.phpReads = reads
+		return base, func() { stop(); b.phpReads = nil }, nil
+	}
+	db, err := b.open(vr.mode, vr.label)
+	if err != nil {
+		return "", nil, err
+	}
+	// Keep connections open in every mode: database/sql keeps only two
+	// idle ones by default, and reconnecting on every request would
+	// measure PostgreSQL's fork, not the modes.
+	db.SetMaxOpenConns(64)
+	db.SetMaxIdleConns(64)
+	// Users carry their read-your-writes session in a cookie, except in
+	// larder-client-ryw, where every write holds back every user's reads
+	// (the client's own session).
+	base, stop, err := serve(db, vr.staleness, vr.mode != "larder-client-ryw", vr.mode == "larder-functions")
+	if err != nil {
+		db.Close()
+		return "", nil, err
+	}
+	return base, func() { stop(); db.Close() }, nil
+}
+
 // open opens a mode's database handle.
 func (b *bench) open(mode, label string) (*sql.DB, error) {
 	if u, ok := b.urls[mode]; ok {
@@ -326,7 +353,10 @@ func (b *bench) open(mode, label string) (*sql.DB, error) {
 // reads returns the larder client's reads by source (nil in the direct
 // modes).
 func (b *bench) reads(vr variant) map[string]int64 {
-	if b.direct(vr.mode) {
+	if isPHPMode(vr.mode) && b.phpReads != nil {
+		return b.phpReads()
+	}
+	if b.direct(vr.mode) || isPHPMode(vr.mode) {
 		return nil
 	}
 	return readsOf(vr.mode, vr.label, b.env)
