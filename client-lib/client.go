@@ -231,6 +231,9 @@ type Stats struct {
 	// functions'); FunctionHits, cacheable function calls served from the
 	// L1 or a node; FunctionRuns, calls that ran the function.
 	NodeLookups, FunctionHits, FunctionRuns atomic.Int64
+	// ScopeReads counts reads of a session's roles and settings (the key
+	// scope) after a statement that may have changed them.
+	ScopeReads atomic.Int64
 }
 
 func (s *Stats) noteNodeMiss(c store.MissClass) {

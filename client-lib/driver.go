@@ -351,6 +351,7 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		}
 		c.scope, c.scopeStale, c.epoch = scope, false, epoch
 		c.c.m.scopeReads.Inc()
+		c.c.stats.ScopeReads.Add(1)
 	}
 	staleness, _ := ctx.Value(stalenessKey{}).(time.Duration)
 	ro, err := c.c.beginRO(ctx, staleness, c.Conn.Conn(), c.scope)

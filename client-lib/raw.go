@@ -35,6 +35,10 @@ type SessionConn struct {
 	read  bool
 	stale bool
 	epoch uint64
+	// changed: a statement may have changed a setting since the session's
+	// settings were last at their defaults (its start, or a RESET ALL);
+	// without one, a RESET ALL changes nothing the key names.
+	changed bool
 	// wrote: a statement may have written since the WAL position was last
 	// read (read your writes).
 	wrote bool
@@ -71,6 +75,28 @@ func (s *SessionConn) PureRead(sql string) bool {
 func (s *SessionConn) Touched(wrote, changed bool) {
 	s.wrote = s.wrote || wrote
 	s.stale = s.stale || changed
+	s.changed = s.changed || changed
+}
+
+// Neutral reports whether sql cannot change the session's roles or
+// settings (a pure read, or a SELECT or DML of built-ins on tables that
+// run no user code: quma.Template.SessionNeutral).
+func (s *SessionConn) Neutral(sql string) bool {
+	tpl, err := s.c.keying.Load().analyzer(s.scope.path).Prepare(sql)
+	return err == nil && (tpl.Cacheable || tpl.SessionNeutral)
+}
+
+// ResetAll records a RESET ALL or DISCARD ALL run on the connection: it
+// puts every setting back to its default but leaves the role (RESET ALL
+// skips role and session_authorization). When no statement changed a
+// setting since the session's settings were last at their defaults, the
+// key scope stands; otherwise it is read again before the next read-only
+// transaction.
+func (s *SessionConn) ResetAll() {
+	if s.changed {
+		s.stale = true
+	}
+	s.changed = false
 }
 
 // SetUncached makes every read of the session's read-only transactions run
@@ -98,6 +124,7 @@ func (s *SessionConn) CatchUp(ctx context.Context) error {
 			return err
 		}
 		s.c.m.scopeReads.Inc()
+		s.c.stats.ScopeReads.Add(1)
 		s.scope, s.read, s.stale, s.epoch = scope, true, false, epoch
 	}
 	return nil

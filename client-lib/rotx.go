@@ -559,6 +559,7 @@ func (t *ROTx) rescope(ctx context.Context) {
 	}
 	t.scope = sc
 	t.c.m.scopeReads.Inc()
+	t.c.stats.ScopeReads.Add(1)
 }
 
 // rescopeAfter reads the scope again after sql unless the analyzer says

@@ -171,7 +171,9 @@ func (s *session) relayQuery(sql string, infos []stmtInfo) {
 			return
 		}
 	}
-	if len(infos) == 1 || infos == nil {
+	if len(infos) == 1 && infos[0].class == classResetAll && infos[0].all {
+		s.sc.ResetAll()
+	} else if len(infos) == 1 || infos == nil {
 		s.sc.Touched(s.touchedBy(sql))
 	} else {
 		s.sc.Touched(true, true)

@@ -474,6 +474,9 @@ func (s *session) touchedBy(sql string) (wrote, changed bool) {
 		if s.sc.PureRead(sql) {
 			return false, false
 		}
+		if singleStatement(sql) {
+			return true, !s.sc.Neutral(sql)
+		}
 	case "", "BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE", "SHOW", "FETCH", "MOVE",
 		"CLOSE", "LISTEN", "UNLISTEN", "DEALLOCATE", "PREPARE":
 		if singleStatement(sql) {
@@ -482,6 +485,10 @@ func (s *session) touchedBy(sql string) (wrote, changed bool) {
 	case "SET", "RESET", "DISCARD":
 		if singleStatement(sql) {
 			return false, true
+		}
+	case "INSERT", "UPDATE", "DELETE":
+		if singleStatement(sql) {
+			return true, !s.sc.Neutral(sql)
 		}
 	}
 	return true, true

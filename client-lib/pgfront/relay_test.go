@@ -254,3 +254,56 @@ func TestLarderStatementsRefused(t *testing.T) {
 		t.Fatal("refusals not counted")
 	}
 }
+
+// A RESET ALL (what a pooled or persistent connection sends between
+// requests) after nothing changed a setting leaves the session's key scope
+// as it was: no re-read. After a SET it puts the scope back (the reads
+// follow the default search path again); after SET ROLE, which RESET ALL
+// leaves alone, the role stays in the key.
+func TestResetAllKeepsTheScope(t *testing.T) {
+	s := typesStack(t)
+	ctx := context.Background()
+	conn := connect(t, s.frontURL)
+	// Settled: the client's catalog reloads (tag set registrations at its
+	// start) make every session read its scope once more.
+	var reads int64
+	for i := 0; i < 20; i++ {
+		readInTx(t, conn, "", 1)
+		if now := s.client.Stats().ScopeReads.Load(); i > 2 && now == reads {
+			break
+		} else {
+			reads = now
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := 0; i < 5; i++ {
+		if _, err := conn.Exec(ctx, "RESET ALL"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, "UPDATE accounts SET balance = balance WHERE id = 2"); err != nil {
+			t.Fatal(err)
+		}
+		if got := readInTx(t, conn, "", 1); got != 100 {
+			t.Fatalf("balance %d", got)
+		}
+	}
+	if got := s.client.Stats().ScopeReads.Load(); got != reads {
+		t.Errorf("RESET ALL and plain updates made the scope be read %d times", got-reads)
+	}
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS resetother; CREATE TABLE IF NOT EXISTS resetother.accounts (id int PRIMARY KEY, balance int NOT NULL);
+INSERT INTO resetother.accounts VALUES (1, -7) ON CONFLICT DO NOTHING`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SET search_path = resetother"); err != nil {
+		t.Fatal(err)
+	}
+	if got := readInTx(t, conn, "", 1); got != -7 {
+		t.Fatalf("with search_path resetother: %d", got)
+	}
+	if _, err := conn.Exec(ctx, "RESET ALL"); err != nil {
+		t.Fatal(err)
+	}
+	if got := readInTx(t, conn, "", 1); got != 100 {
+		t.Fatalf("after RESET ALL the default search path again: %d", got)
+	}
+}
