@@ -48,7 +48,8 @@ HISTORY_SECONDS ?= 60
 history: deps
 	LARDER_HISTORY_SECONDS=$(HISTORY_SECONDS) $(GO) test -count=1 -timeout 60m -run 'TestSnapshotConsistency|TestHistoryUnderFaults/.*/broken=false' -v ./client-lib
 
-# RUBiS side by side (direct, larder, larder-nocons, local-only) at rising
+# RUBiS side by side (direct, larder, larder-nocons, local-only, and the PHP
+# application on PostgreSQL and through the front: php-direct, php-larder) at rising
 # client counts on a stack of its own, the modes taking turns in 3 repeats
 # (the report gives the median and the spread); the report goes to
 # bench/rubis/results. BENCH_ARGS passes flags to rubis-bench (see its

@@ -111,7 +111,7 @@ type bench struct {
 
 func run() error {
 	envFile := flag.String("env", ".larder-local/stack.env", "the local stack's env file (LARDER_PG_URL, LARDER_DSN)")
-	modes := flag.String("modes", "direct,larder,larder-nocons,local-only", "modes, comma-separated (also larder-l1: larder with a 256 MiB L1 in the application; larder-client-ryw: larder without per-user sessions; larder-functions: larder with the item, user and bid history pages cached as functions; php-direct, php-larder and php-larder-l1: the PHP application under PHP's built-in server, on PostgreSQL and through a Larder front in this process, without and with a 256 MiB L1)")
+	modes := flag.String("modes", "direct,larder,larder-nocons,local-only,php-direct,php-larder", "modes, comma-separated (also larder-l1: larder with a 256 MiB L1 in the application; larder-client-ryw: larder without per-user sessions; larder-functions: larder with the item, user and bid history pages cached as functions; php-direct, php-larder and php-larder-l1: the PHP application under PHP's built-in server, on PostgreSQL and through a Larder front in this process, without and with a 256 MiB L1)")
 	urls := modeURLs{}
 	flag.Var(urls, "mode-url", "name=postgres://…: a mode that runs the application directly, like direct, on another PostgreSQL (added to --modes; repeatable; direct=… moves the baseline)")
 	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
