@@ -86,17 +86,17 @@ func (s *SessionConn) Neutral(sql string) bool {
 	return err == nil && (tpl.Cacheable || tpl.SessionNeutral)
 }
 
-// ResetAll records a RESET ALL or DISCARD ALL run on the connection: it
-// puts every setting back to its default but leaves the role (RESET ALL
-// skips role and session_authorization). When no statement changed a
-// setting since the session's settings were last at their defaults, the
-// key scope stands; otherwise it is read again before the next read-only
-// transaction.
+// ResetAll records a RESET ALL or DISCARD ALL relayed on the connection.
+// When no statement ever changed a setting on it, the settings are still
+// the connection's defaults whatever the reset did (it may fail, or be
+// rolled back with its transaction): the key scope stands. Otherwise the
+// scope is read again before the next read-only transaction; the session
+// stays marked changed, since whether the reset took effect is not known
+// here.
 func (s *SessionConn) ResetAll() {
 	if s.changed {
 		s.stale = true
 	}
-	s.changed = false
 }
 
 // SetUncached makes every read of the session's read-only transactions run

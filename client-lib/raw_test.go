@@ -73,3 +73,24 @@ func TestWireTagValues(t *testing.T) {
 		t.Fatalf("values of a session that is not cached: %#v", got)
 	}
 }
+
+// A RESET ALL whose effect is unknown (rolled back with its transaction,
+// failed) does not clear what earlier SETs changed: the next RESET ALL
+// still makes the scope be read again.
+func TestResetAllAfterARolledBackResetAll(t *testing.T) {
+	s := &SessionConn{read: true}
+	s.ResetAll()
+	if s.stale {
+		t.Fatal("a RESET ALL on a session that never changed a setting made its scope stale")
+	}
+	s.Touched(false, true) // SET search_path = foo
+	s.ResetAll()           // inside BEGIN … ROLLBACK: undone
+	if !s.stale {
+		t.Fatal("a RESET ALL after a SET did not make the scope stale")
+	}
+	s.stale = false // read again (still foo)
+	s.ResetAll()    // this one takes effect: back to the default path
+	if !s.stale {
+		t.Error("the session's settings changed (foo, then the default) but its key scope is not read again")
+	}
+}

@@ -433,10 +433,13 @@ func (p *Publisher) applyRegistrations(ctx context.Context, commit uint64) error
 			p.reg.mu.Lock()
 			p.m.registeredSets.Set(float64(p.reg.count))
 			p.reg.mu.Unlock()
-			p.noteSets()
+			// The epoch is stored before any client can learn of the
+			// set (noteSets updates the tag sets reply): a node that
+			// confirms a group of it reads an epoch at or after E.
 			if err := p.publishEpoch(ctx, commit); err != nil {
 				return err
 			}
+			p.noteSets()
 			// Clients ask for the tag sets again on a schema change
 			// notice: every client picks the new sets up at once.
 			notice := invalidation.SchemaChange{CommitLSN: commit}

@@ -107,7 +107,7 @@ func analyzeSQL(schema *Schema, sql string, sets map[string][][]string) (t *Temp
 		}
 		t.Rewrite = an.rewrite
 		if len(an.uncacheable) == 0 && an.clock {
-			if t.ClockSQL = clockSQL(sql, t.NumParams); t.ClockSQL == "" {
+			if t.ClockSQL = clockSQL(schema, sql, t.NumParams); t.ClockSQL == "" {
 				an.refuse("reads the clock in a form that cannot be fixed to a bucket")
 				t.Rewrite = timeRewrite
 			}

@@ -349,7 +349,7 @@ func TestClockBoundQueries(t *testing.T) {
 		{"SELECT * FROM items WHERE end_date >= CURRENT_TIMESTAMP AND id = $1", "end_date >= $2::timestamptz AND id = $1"},
 		{"SELECT * FROM items WHERE end_date >= current_date", "end_date >= $1::timestamptz::date"},
 		{"SELECT localtimestamp, localtime, current_time, transaction_timestamp(), pg_catalog.now() FROM items WHERE id = $2",
-			"$3::timestamptz::timestamp, $3::timestamptz::time, $3::timestamptz::timetz, $3::timestamptz, $3::timestamptz"},
+			`$3::timestamptz::timestamp AS "localtimestamp", $3::timestamptz::time AS "localtime", $3::timestamptz::timetz AS "current_time", $3::timestamptz AS transaction_timestamp, $3::timestamptz AS now`},
 		{"SELECT id FROM items WHERE end_date > now() - interval '1 day' ORDER BY end_date", "end_date > ($1::timestamptz - '1 day'::interval)"},
 	}
 	for _, c := range cases {
@@ -369,5 +369,64 @@ func TestClockBoundQueries(t *testing.T) {
 	// A user function named now, in another schema, is not the clock.
 	if tpl := prepare(t, "SELECT * FROM items WHERE end_date >= other.now()"); tpl.ClockSQL != "" {
 		t.Errorf("other.now(): ClockSQL %q", tpl.ClockSQL)
+	}
+}
+
+// A view's body counts as the statement's own: a view reading the clock,
+// random() or a function not known immutable is not cacheable.
+func TestViewBodiesAreChecked(t *testing.T) {
+	s := mustDDL(t, `
+CREATE TABLE items (id int PRIMARY KEY, name text, end_date timestamptz);
+CREATE FUNCTION bids_of(int) RETURNS int STABLE LANGUAGE sql AS 'SELECT 1';
+CREATE VIEW live AS SELECT id, name FROM items WHERE end_date > now();
+CREATE VIEW rnd AS SELECT id, random() AS r FROM items;
+CREATE VIEW withbids AS SELECT id, bids_of(id) AS n FROM items;
+CREATE VIEW plain AS SELECT id, name FROM items;
+`)
+	a := NewAnalyzer(s, map[string][][]string{"public.items": {{"id"}}})
+	for q, want := range map[string]string{"SELECT id FROM live": "clock", "SELECT * FROM rnd": "volatile", "SELECT * FROM withbids": "not immutable"} {
+		tpl, err := a.Prepare(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tpl.Cacheable || !strings.Contains(tpl.Reason, want) {
+			t.Errorf("%q: cacheable %v, reason %q; want not cacheable (%s)", q, tpl.Cacheable, tpl.Reason, want)
+		}
+	}
+	if tpl, err := a.Prepare("SELECT * FROM plain"); err != nil || !tpl.Cacheable {
+		t.Errorf("a view of plain columns: %+v, %v", tpl, err)
+	}
+}
+
+// The clock rewrite keeps result columns' names (now, current_date), and
+// a clock read in FROM or shadowed by a user function now() is not
+// rewritten.
+func TestClockRewriteKeepsTheResultShape(t *testing.T) {
+	a := NewAnalyzer(mustDDL(t, `CREATE TABLE items (id int PRIMARY KEY);`), nil)
+	for q, want := range map[string]string{
+		"SELECT now()":                    "AS now",
+		"SELECT CURRENT_DATE":             `AS "current_date"`,
+		"SELECT now() AS t":               "AS t",
+		"SELECT now() + interval '1 day'": "", // PostgreSQL names it ?column? either way
+	} {
+		tpl, err := a.Prepare(q)
+		if err != nil || tpl.ClockSQL == "" {
+			t.Fatalf("%q: %+v, %v", q, tpl, err)
+		}
+		if want != "" && !strings.Contains(tpl.ClockSQL, want) {
+			t.Errorf("%q rewritten to %q: want %s", q, tpl.ClockSQL, want)
+		}
+	}
+	if tpl, err := a.Prepare("SELECT * FROM now()"); err != nil || tpl.Cacheable {
+		t.Errorf("SELECT * FROM now(): cacheable %v (%v); want it refused", tpl.Cacheable, err)
+	}
+	s := mustDDL(t, `CREATE SCHEMA app; CREATE FUNCTION app.now() RETURNS timestamptz IMMUTABLE LANGUAGE sql AS $$SELECT '2000-01-01'::timestamptz$$;`)
+	s.SearchPath = []string{"app", "pg_catalog", "public"}
+	tpl, err := NewAnalyzer(s, nil).Prepare("SELECT now()")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tpl.ClockSQL != "" {
+		t.Errorf("app.now() (first on the path) rewritten to the clock bucket: %q", tpl.ClockSQL)
 	}
 }

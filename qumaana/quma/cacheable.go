@@ -81,7 +81,7 @@ func (a *analysis) checkCacheable(n *pg.Node) {
 	walk(n, func(m proto.Message) bool {
 		switch x := m.(type) {
 		case *pg.FuncCall:
-			if isClockCall(x) {
+			if isClockCall(a.schema, x) {
 				a.clock = true // the transaction's start: clock-bound (clock.go)
 				break
 			}

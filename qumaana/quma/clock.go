@@ -34,8 +34,27 @@ var clockValueTypes = map[pg.SQLValueFunctionOp]string{
 
 // isClockCall reports whether a function call reads the transaction's
 // start: now() or transaction_timestamp(), unqualified or in pg_catalog,
-// without arguments.
-func isClockCall(f *pg.FuncCall) bool {
+// without arguments, and not shadowed by a user function of that name
+// (schema may be nil: no user functions known).
+func isClockCall(schema *Schema, f *pg.FuncCall) bool {
+	if !isClockName(f) {
+		return false
+	}
+	names := f.GetFuncname()
+	if len(names) == 1 && schema != nil {
+		name := strings.ToLower(names[0].GetString_().GetSval())
+		for qualified := range schema.Functions {
+			if qualified == name || strings.HasSuffix(qualified, "."+name) {
+				return false // a user function may be what the path resolves to
+			}
+		}
+	}
+	return true
+}
+
+// isClockName reports whether a call is now() or transaction_timestamp()
+// by name, unqualified or in pg_catalog, without arguments.
+func isClockName(f *pg.FuncCall) bool {
 	if f == nil || len(f.GetArgs()) > 0 || f.GetAggStar() || f.GetOver() != nil {
 		return false
 	}
@@ -56,10 +75,10 @@ func isClockCall(f *pg.FuncCall) bool {
 // clockRead returns the replacement of a node that reads the transaction's
 // start (nil if it does not): $param::timestamptz, cast on as the read's
 // type requires.
-func clockRead(n *pg.Node, param int32) *pg.Node {
+func clockRead(schema *Schema, n *pg.Node, param int32) *pg.Node {
 	var to string
 	switch {
-	case isClockCall(n.GetFuncCall()):
+	case isClockCall(schema, n.GetFuncCall()):
 	case n.GetSqlvalueFunction() != nil:
 		t, ok := clockValueTypes[n.GetSqlvalueFunction().GetOp()]
 		if !ok {
@@ -87,15 +106,33 @@ func typeName(name string) *pg.TypeName {
 
 // rewriteClock replaces, in place, every read of the transaction's start
 // in res by $param (see clockRead) and reports how many it replaced.
-func rewriteClock(res *pg.ParseResult, param int32) int {
+func rewriteClock(schema *Schema, res *pg.ParseResult, param int32) int {
 	n := 0
 	var visit func(m protoreflect.Message)
 	visit = func(m protoreflect.Message) {
 		if !m.IsValid() {
 			return
 		}
+		if rf, ok := m.Interface().(*pg.RangeFunction); ok {
+			// FROM now(): a function in FROM names its column after
+			// itself; a parameter there would change the result's shape.
+			for _, f := range rf.GetFunctions() {
+				for _, item := range f.GetList().GetItems() {
+					if isClockCall(schema, item.GetFuncCall()) || clockColumnName(schema, item) != "" {
+						n = -1 << 30
+					}
+				}
+			}
+		}
+		if rt, ok := m.Interface().(*pg.ResTarget); ok && rt.GetName() == "" {
+			// PostgreSQL names an unaliased clock read after the function
+			// (now, current_date); a cast would be named after its type.
+			if name := clockColumnName(schema, rt.GetVal()); name != "" {
+				rt.Name = name
+			}
+		}
 		if node, ok := m.Interface().(*pg.Node); ok {
-			if r := clockRead(node, param); r != nil {
+			if r := clockRead(schema, node, param); r != nil {
 				node.Node = r.Node
 				n++
 				return
@@ -122,15 +159,41 @@ func rewriteClock(res *pg.ParseResult, param int32) int {
 	return n
 }
 
+// clockColumnName is the column name PostgreSQL gives an unaliased target
+// that is a clock read ("" for any other expression).
+func clockColumnName(schema *Schema, n *pg.Node) string {
+	if f := n.GetFuncCall(); f != nil && isClockCall(schema, f) {
+		names := f.GetFuncname()
+		return strings.ToLower(names[len(names)-1].GetString_().GetSval())
+	}
+	if v := n.GetSqlvalueFunction(); v != nil {
+		if _, ok := clockValueTypes[v.GetOp()]; ok {
+			switch v.GetOp() {
+			case pg.SQLValueFunctionOp_SVFOP_CURRENT_TIMESTAMP:
+				return "current_timestamp"
+			case pg.SQLValueFunctionOp_SVFOP_CURRENT_DATE:
+				return "current_date"
+			case pg.SQLValueFunctionOp_SVFOP_CURRENT_TIME:
+				return "current_time"
+			case pg.SQLValueFunctionOp_SVFOP_LOCALTIMESTAMP:
+				return "localtimestamp"
+			case pg.SQLValueFunctionOp_SVFOP_LOCALTIME:
+				return "localtime"
+			}
+		}
+	}
+	return ""
+}
+
 // clockSQL returns sql with every read of the transaction's start replaced
 // by $(numParams+1), deparsed; "" when it reads none or cannot be
 // rewritten.
-func clockSQL(sql string, numParams int) string {
+func clockSQL(schema *Schema, sql string, numParams int) string {
 	res, err := pg.Parse(sql)
 	if err != nil {
 		return ""
 	}
-	if rewriteClock(res, int32(numParams+1)) == 0 {
+	if rewriteClock(schema, res, int32(numParams+1)) <= 0 {
 		return ""
 	}
 	out, err := pg.Deparse(res)

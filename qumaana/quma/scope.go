@@ -613,9 +613,21 @@ func (a *analysis) view(v *View) {
 		return
 	}
 	before := len(a.refs)
-	a.statementIn(res.GetStmts()[0].GetStmt(), nil)
+	body := res.GetStmts()[0].GetStmt()
+	a.statementIn(body, nil)
 	for _, r := range a.refs[before:] {
 		r.note("read through view %s", v.Name)
+	}
+	// What the view's query calls counts as the statement's own; a clock
+	// read inside it cannot be fixed to a bucket (the text is the view's).
+	va := &analysis{schema: a.schema, root: body}
+	va.checkCacheable(body)
+	for _, why := range va.uncacheable {
+		a.refuse("view %s %s", v.Name, why)
+	}
+	if va.clock {
+		a.refuse("view %s reads the clock (now()/CURRENT_DATE… in a view cannot be fixed to a clock bucket)", v.Name)
+		a.rewrite = timeRewrite
 	}
 }
 
