@@ -48,6 +48,9 @@ type Options struct {
 	IdleTimeout, ReadTimeout, WriteTimeout time.Duration
 	// LoadLease: see node.Config.LoadLease (0: the default, < 0: none).
 	LoadLease time.Duration
+	// WatermarkWait: see node.Config.WatermarkWait (0: the default, < 0:
+	// never).
+	WatermarkWait time.Duration
 	// BroadcastInvalidation: see node.Config.Broadcast (the ablation).
 	BroadcastInvalidation bool
 	// Overlay, when set, makes the node a member of the libp2p overlay
@@ -88,7 +91,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 	}
 	defer backend.Close()
 	n, err = node.New(node.Config{NATS: nc, Prefix: o.Prefix, Backend: backend, Log: log, Metrics: reg,
-		LoadLease: o.LoadLease, Broadcast: o.BroadcastInvalidation})
+		LoadLease: o.LoadLease, WatermarkWait: o.WatermarkWait, Broadcast: o.BroadcastInvalidation})
 	if err != nil {
 		return err
 	}

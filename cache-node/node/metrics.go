@@ -27,6 +27,9 @@ type metrics struct {
 	replays       *prometheus.CounterVec
 	leases        *prometheus.CounterVec // result
 	received      *prometheus.CounterVec // kind
+	// watermarkWaits counts lookups that waited for the watermark
+	// (wmwait.go), by outcome.
+	watermarkWaits *prometheus.CounterVec
 
 	// templatePuts and templatePutBytes count puts and their bytes (as
 	// the byte budget counts them) by template. Bytes held are not
@@ -41,18 +44,19 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	m := &metrics{
-		lookups:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_lookups_total", Help: "Lookups by result: hit, or the miss class (compulsory, staleness, capacity, consistency)."}, []string{"result"}),
-		byTemplate:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_template_lookups_total", Help: "Lookups by query template and result (the first 500 templates; then \"other\")."}, []string{"template", "result"}),
-		puts:          prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_node_puts_total", Help: "Versions put."}),
-		invalidations: prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_node_invalidations_applied_total", Help: "Invalidation messages applied."}),
-		corrupt:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_node_corrupt_messages_total", Help: "Invalidation messages that did not decode (each is handled as a gap)."}),
-		gaps:          prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_stream_gaps_total", Help: "Possible gaps in the invalidation stream: open versions ended at the watermark."}, []string{"why"}),
-		errors:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_errors_total", Help: "Backend or JetStream errors by operation."}, []string{"op"}),
-		groups:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_node_subscriptions", Help: "NATS groups (tags and table flushes) the node follows."}),
-		replays:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_replays_total", Help: "JetStream replays after a reconnect, by outcome (started, done, failed)."}, []string{"result"}),
-		leases:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_load_leases_total", Help: "Load leases of lookups that missed asking to wait: granted (the requester loads), hit_after_wait and miss_after_wait (a requester that waited for another's load, by what it then found)."}, []string{"result"}),
-		received:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_invalidation_messages_received_total", Help: "Invalidation messages delivered to the node (heartbeats not counted), by kind: applied (of a group the node follows), ignored (of none: broadcast mode, a group left since, a subject shared by another name)."}, []string{"kind"}),
-		templates:     map[string]bool{},
+		lookups:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_lookups_total", Help: "Lookups by result: hit, or the miss class (compulsory, staleness, capacity, consistency)."}, []string{"result"}),
+		byTemplate:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_template_lookups_total", Help: "Lookups by query template and result (the first 500 templates; then \"other\")."}, []string{"template", "result"}),
+		puts:           prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_node_puts_total", Help: "Versions put."}),
+		invalidations:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_node_invalidations_applied_total", Help: "Invalidation messages applied."}),
+		corrupt:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_node_corrupt_messages_total", Help: "Invalidation messages that did not decode (each is handled as a gap)."}),
+		gaps:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_stream_gaps_total", Help: "Possible gaps in the invalidation stream: open versions ended at the watermark."}, []string{"why"}),
+		errors:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_errors_total", Help: "Backend or JetStream errors by operation."}, []string{"op"}),
+		groups:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_node_subscriptions", Help: "NATS groups (tags and table flushes) the node follows."}),
+		replays:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_replays_total", Help: "JetStream replays after a reconnect, by outcome (started, done, failed)."}, []string{"result"}),
+		leases:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_load_leases_total", Help: "Load leases of lookups that missed asking to wait: granted (the requester loads), hit_after_wait and miss_after_wait (a requester that waited for another's load, by what it then found)."}, []string{"result"}),
+		received:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_invalidation_messages_received_total", Help: "Invalidation messages delivered to the node (heartbeats not counted), by kind: applied (of a group the node follows), ignored (of none: broadcast mode, a group left since, a subject shared by another name)."}, []string{"kind"}),
+		templates:      map[string]bool{},
+		watermarkWaits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_watermark_waits_total", Help: "Lookups whose range began beyond the watermark, for a key holding a version that would then serve them, that waited for a heartbeat, by outcome: reached (looked up again), timed_out (answered the miss)."}, []string{"result"}),
 	}
 	m.templatePuts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_node_template_puts_total",
 		Help: "Versions put by query template (the first 500 templates; then \"other\")."}, []string{"template"})
@@ -64,7 +68,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) *metrics {
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.lookups, m.byTemplate, m.puts, m.templatePuts, m.templatePutBytes, m.invalidations, m.corrupt, m.gaps, m.errors, m.groups, m.replays, m.leases, m.received)
+	reg.MustRegister(m.lookups, m.byTemplate, m.puts, m.templatePuts, m.templatePutBytes, m.invalidations, m.corrupt, m.gaps, m.errors, m.groups, m.replays, m.leases, m.received, m.watermarkWaits)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "larder_node_watermark_lsn", Help: "LSN up to which the node knows every invalidation of its groups."},
 		func() float64 { return float64(n.Watermark()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "larder_node_watermark_lag_seconds", Help: "Age of the last heartbeat (the invalidator's clock)."},

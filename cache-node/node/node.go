@@ -38,6 +38,10 @@ type Config struct {
 	// the others that miss the same key wait for its requester's put
 	// (lease.go; default DefaultLoadLease, < 0: none).
 	LoadLease time.Duration
+	// WatermarkWait is how long a lookup whose range begins beyond the
+	// watermark waits for it when the key holds a version that would then
+	// serve it (wmwait.go; default DefaultWatermarkWait, < 0: never).
+	WatermarkWait time.Duration
 	// Broadcast subscribes to every invalidation subject of the prefix
 	// (one wildcard subscription) instead of the groups of what the node
 	// holds, and drops the messages of groups it does not follow: the
@@ -92,6 +96,8 @@ type Node struct {
 	confirmCh   chan []*group
 	released    chan []string
 	wmAtomic    atomic.Uint64
+	wmMu        sync.Mutex
+	wmCh        chan struct{} // closed at the next watermark change (wmwait.go)
 	owedAtomic  atomic.Uint64 // owedHi, for lookups
 	backendLost atomic.Bool   // a backend call failed with store.ErrLost
 
@@ -119,6 +125,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.EventBuffer <= 0 {
 		cfg.EventBuffer = 1 << 16
+	}
+	if cfg.WatermarkWait == 0 {
+		cfg.WatermarkWait = DefaultWatermarkWait
 	}
 	if cfg.LoadLease == 0 {
 		cfg.LoadLease = DefaultLoadLease
@@ -313,7 +322,7 @@ func (n *Node) handle(ctx context.Context, msg *nats.Msg) error {
 		if d.Heartbeat.LSN > n.watermark && !n.replaying {
 			first := n.watermark == 0
 			n.watermark = d.Heartbeat.LSN
-			n.wmAtomic.Store(n.watermark)
+			n.setWatermarkLocked(n.watermark)
 			n.hbTime = d.Heartbeat.Time
 			if first {
 				// Saved at once: a restart finds it (without one, what
@@ -462,7 +471,7 @@ func (n *Node) restoreGroups(ctx context.Context, wm uint64) bool {
 		return false
 	}
 	n.watermark = wm
-	n.wmAtomic.Store(wm)
+	n.setWatermarkLocked(wm)
 	n.restorePending = true
 	n.cfg.Log.Info("restarted: following the open versions' groups again; replaying from the saved watermark", "groups", len(names), "watermark", wm)
 	return true
@@ -486,11 +495,11 @@ func (n *Node) Lookup(ctx context.Context, key []byte, tmin, tmax uint64, templa
 
 // lookup is Lookup without the lookup metrics.
 func (n *Node) lookup(ctx context.Context, key []byte, tmin, tmax uint64) (store.Result, error) {
-	wm := n.Watermark()
-	if owed := n.owedAtomic.Load(); owed != 0 {
-		wm = min(wm, owed-1)
-	}
+	wm := n.servableThrough()
 	r, err := n.cfg.Backend.Lookup(ctx, key, tmin, tmax, wm)
+	if err == nil && r.Miss != store.Hit && tmin > wm && n.awaitWatermark(ctx, key, tmin, tmax, r) {
+		r, err = n.cfg.Backend.Lookup(ctx, key, tmin, tmax, n.servableThrough())
+	}
 	if err != nil {
 		n.backendErr(err)
 		n.m.errors.WithLabelValues("lookup").Inc()

@@ -103,7 +103,7 @@ func (n *Node) replay(ctx context.Context, from, until uint64, subjects []string
 			if d.Heartbeat.LSN >= until {
 				if d.Heartbeat.LSN > n.watermark {
 					n.watermark = d.Heartbeat.LSN
-					n.wmAtomic.Store(n.watermark)
+					n.setWatermarkLocked(n.watermark)
 				}
 				n.mu.Unlock()
 				return nil

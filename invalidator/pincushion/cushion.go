@@ -30,6 +30,9 @@ const (
 	DefaultWaitTimeout   = 5 * time.Second
 )
 
+// maxIdleConns bounds the released pins' connections kept for reuse.
+const maxIdleConns = 8
+
 // maxConcurrentVerifies bounds the verify requests handled at once; more
 // are refused with a reason rather than queued behind a slow log.
 const maxConcurrentVerifies = 256
@@ -103,6 +106,10 @@ type Cushion struct {
 
 	mu   sync.Mutex
 	held []*heldPin // oldest first
+	// idle are connections of released pins, rolled back, kept for the
+	// next candidates: a connection costs PostgreSQL a backend's fork and
+	// start, more than the pin itself (at most maxIdleConns).
+	idle []*pgx.Conn
 
 	demand chan struct{} // a verify request asks for a pin soon
 }
@@ -119,6 +126,7 @@ type metrics struct {
 	discarded prometheus.Counter
 	demanded  prometheus.Counter
 	verify    *prometheus.CounterVec
+	conns     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
@@ -138,11 +146,14 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		verify: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "larder_pincushion_verify_requests_total", Help: "Snapshot verify requests, by result (exact, refused, bad).",
 		}, []string{"result"}),
+		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "larder_pincushion_connections_total", Help: "Connections candidates were taken on, by origin (opened: a new PostgreSQL backend; reused: a released pin's).",
+		}, []string{"origin"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.demanded, m.verify} {
+	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.demanded, m.verify, m.conns} {
 		if err := reg.Register(c); err != nil {
 			return metrics{}, fmt.Errorf("pincushion: register metrics: %w", err)
 		}
@@ -438,20 +449,15 @@ func (c *Cushion) attempt(ctx context.Context) {
 // pin, or nil and the reason it was discarded, or an error when no
 // candidate could be taken at all.
 func (c *Cushion) take(ctx context.Context) (h *heldPin, reason string, err error) {
-	conn, err := pgx.ConnectConfig(ctx, c.conn)
+	conn, tx, err := c.begin(ctx)
 	if err != nil {
-		return nil, "", fmt.Errorf("connect: %w", err)
+		return nil, "", err
 	}
-	var tx pgx.Tx
 	defer func() {
 		if h == nil {
-			closePin(tx, conn)
+			c.putBack(tx, conn)
 		}
 	}()
-	tx, err = conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return nil, "", fmt.Errorf("begin: %w", err)
-	}
 	// The snapshot is taken when this statement starts, so it is no older
 	// than takenAt, and the WAL insert LSN is read after it.
 	takenAt := time.Now()
@@ -531,20 +537,80 @@ func (c *Cushion) prune(now time.Time, h *heldPin) []*heldPin {
 
 func (c *Cushion) release(pins []*heldPin) {
 	for _, p := range pins {
-		closePin(p.tx, p.conn)
+		c.putBack(p.tx, p.conn)
 	}
 }
 
 func (c *Cushion) closeAll() {
 	c.mu.Lock()
-	pins := c.held
-	c.held = nil
+	pins, idle := c.held, c.idle
+	c.held, c.idle = nil, nil
 	c.m.held.Set(0)
 	c.mu.Unlock()
-	c.release(pins)
+	for _, p := range pins {
+		closePin(p.tx, p.conn)
+	}
+	for _, conn := range idle {
+		closePin(nil, conn)
+	}
 }
 
-// closePin rolls a pin's transaction back and closes its connection.
+// begin opens a candidate's REPEATABLE READ transaction, on an idle
+// connection when there is one (one that fails to begin is closed and a
+// new one opened).
+func (c *Cushion) begin(ctx context.Context) (*pgx.Conn, pgx.Tx, error) {
+	opts := pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
+	c.mu.Lock()
+	var conn *pgx.Conn
+	if n := len(c.idle); n > 0 {
+		conn = c.idle[n-1]
+		c.idle[n-1] = nil
+		c.idle = c.idle[:n-1]
+	}
+	c.mu.Unlock()
+	if conn != nil {
+		if tx, err := conn.BeginTx(ctx, opts); err == nil {
+			c.m.conns.WithLabelValues("reused").Inc()
+			return conn, tx, nil
+		}
+		closePin(nil, conn) // the server ended it (a restart, a timeout)
+	}
+	conn, err := pgx.ConnectConfig(ctx, c.conn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect: %w", err)
+	}
+	c.m.conns.WithLabelValues("opened").Inc()
+	tx, err := conn.BeginTx(ctx, opts)
+	if err != nil {
+		closePin(nil, conn)
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	return conn, tx, nil
+}
+
+// putBack ends a pin's (or a discarded candidate's) transaction and keeps
+// its connection for the next candidate, or closes it (when the rollback
+// failed, the cushion is not running, or maxIdleConns are kept).
+func (c *Cushion) putBack(tx pgx.Tx, conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if tx.Rollback(ctx) != nil || conn.IsClosed() || conn.PgConn().TxStatus() != 'I' {
+		closePin(nil, conn)
+		return
+	}
+	c.mu.Lock()
+	if c.running.Load() && len(c.idle) < maxIdleConns {
+		c.idle = append(c.idle, conn)
+		conn = nil
+	}
+	c.mu.Unlock()
+	if conn != nil {
+		closePin(nil, conn)
+	}
+}
+
+// closePin rolls a pin's transaction back (tx may be nil) and closes its
+// connection.
 func closePin(tx pgx.Tx, conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

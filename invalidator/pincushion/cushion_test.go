@@ -1,9 +1,14 @@
 package pincushion
 
 import (
+	"context"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/larderdb/larder/internal/testenv"
 )
@@ -92,5 +97,68 @@ func TestThinSteadyState(t *testing.T) {
 		if ageNewer := now.Sub(taken[i+1]); older > interval+ageNewer/2 {
 			t.Fatalf("gap %s before a pin %s old is too wide", older, ageNewer)
 		}
+	}
+}
+
+// TestReleasedPinsConnectionsAreReused: a candidate's connection, once its
+// pin is released, carries the next candidate (one PostgreSQL backend
+// rather than one per candidate), in a new transaction that sees what
+// committed in between; one the server ended is replaced.
+func TestReleasedPinsConnectionsAreReused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL := testenv.Database(t, env.PG)
+	admin, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "CREATE TABLE seen (id int)"); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	c, err := New(Config{ConnString: dbURL, Metrics: reg}, NewCommitLog(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.running.Store(true)
+	defer c.closeAll()
+	pids := map[uint32]bool{}
+	for i := range 20 {
+		conn, tx, err := c.begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM seen").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != i {
+			t.Fatalf("candidate %d sees %d rows, want %d: not a new transaction", i, n, i)
+		}
+		pids[conn.PgConn().PID()] = true
+		c.putBack(tx, conn)
+		if _, err := admin.Exec(ctx, "INSERT INTO seen VALUES (1)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(pids) != 1 {
+		t.Errorf("20 candidates in turn used %d backends, want 1", len(pids))
+	}
+	// The server ends the idle connection: the next candidate gets a new one.
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'larder-pincushion'"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the backend exits
+	conn, tx, err := c.begin(ctx)
+	if err != nil {
+		t.Fatalf("after the server ended the idle connection: %v", err)
+	}
+	if pids[conn.PgConn().PID()] {
+		t.Error("the ended connection was used again")
+	}
+	c.putBack(tx, conn)
+	if o, r := testutil.ToFloat64(c.m.conns.WithLabelValues("opened")), testutil.ToFloat64(c.m.conns.WithLabelValues("reused")); o != 2 || r != 19 {
+		t.Errorf("connections opened %v, reused %v; want 2 and 19", o, r)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/larderdb/larder/internal/invalidation"
 	"github.com/larderdb/larder/internal/testenv"
@@ -679,6 +680,14 @@ func TestStressPinsAreExact(t *testing.T) {
 	if got := metricValue(t, reg, "larder_pincushion_pins_held"); got != 0 {
 		t.Errorf("held metric %v after Run returned", got)
 	}
+	// Released pins' connections are taken again: at most the budget
+	// held, the idle ones and the candidate being checked are ever open,
+	// however many candidates the run took.
+	opened := metricValue(t, reg, "larder_pincushion_connections_total")
+	if got := opened; got != float64(st.Taken) {
+		t.Errorf("connections metric %v, %d candidates taken", got, st.Taken)
+	}
+	t.Logf("%v connections opened for %d candidates", testutil.ToFloat64(c.m.conns.WithLabelValues("opened")), st.Taken)
 	if got := metricValue(t, reg, "larder_pincushion_verify_requests_total"); got != float64(len(nowResults)) {
 		t.Errorf("verify requests metric %v, %d sent", got, len(nowResults))
 	}
