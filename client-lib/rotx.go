@@ -741,9 +741,31 @@ func (t *ROTx) finish(ctx context.Context) error {
 		return nil
 	}
 	t.done = true
+	if t.pooled != nil && t.remote == nil {
+		// A pooled connection's ROLLBACK is off the caller's path: the
+		// transaction only read, so nothing waits on its outcome; the
+		// connection goes back to the pool once it is over (or is closed
+		// when it fails).
+		conn := t.pooled
+		t.pooled, t.conn, t.held = nil, nil, nil
+		go endPooled(conn)
+		t.release()
+		return nil
+	}
 	err := t.closeConn(ctx)
 	t.release()
 	return err
+}
+
+// endPooled rolls a pooled connection's read-only transaction back and
+// releases the connection, closing it when the rollback fails.
+func endPooled(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		_ = conn.Conn().Close(ctx)
+	}
+	conn.Release()
 }
 
 func (t *ROTx) release() {
