@@ -354,7 +354,7 @@ func (t *ROTx) Range() (lo, hi uint64) {
 func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, error) {
 	if t.fallback {
 		t.noteUncacheable("the transaction reads uncached (no usable pin)")
-		return t.onDB(ctx, sql, args)
+		return t.onDBUncached(ctx, sql, args)
 	}
 	if t.scope.temp || t.scope.uncached != "" {
 		reason := t.scope.uncached
@@ -494,7 +494,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return nil, err
 	}
 	if t.fallback { // no pin left: uncached
-		return t.onDB(ctx, runSQL, runArgs)
+		return t.onDBUncached(ctx, runSQL, runArgs)
 	}
 	// Identical misses at the same snapshot load once. Every transaction
 	// holds its tables before it loads or waits (fix), so no load waits
@@ -618,6 +618,17 @@ func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error
 		return nil, err
 	}
 	return readResult(rows)
+}
+
+// onDBUncached runs a query in a transaction that fell back to its own
+// fresh snapshot: one a schema change aborted cannot be taken again, so
+// "cached plan must not change result type" asks the caller to retry.
+func (t *ROTx) onDBUncached(ctx context.Context, sql string, args []any) (*Result, error) {
+	res, err := t.onDB(ctx, sql, args)
+	if planChanged(err) {
+		return nil, fmt.Errorf("larder: a schema change replaced the statement's result type; retry the transaction: %w", ErrRetry)
+	}
+	return res, err
 }
 
 // replan answers PostgreSQL's "cached plan must not change result type":

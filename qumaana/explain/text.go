@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/larderdb/larder/internal/errwriter"
 )
 
 // WriteJSON writes the report as indented JSON.
@@ -60,12 +62,12 @@ func (r *Report) WriteText(w io.Writer) error {
 		return err
 	}
 
-	ew := &errWriter{w: w}
+	ew := errwriter.New(w)
 	if len(r.Dependencies) > 0 {
 		if r.Cacheable {
-			ew.printf("\nTags a result holds (a write publishing one of them, changing a column read, invalidates it)\n")
+			ew.Printf("\nTags a result holds (a write publishing one of them, changing a column read, invalidates it)\n")
 		} else {
-			ew.printf("\nTags a result would hold, were it cacheable\n")
+			ew.Printf("\nTags a result would hold, were it cacheable\n")
 		}
 		tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 		for _, d := range r.Dependencies {
@@ -81,7 +83,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		_ = tw.Flush()
 	}
 	if len(r.Reads) > 0 {
-		ew.printf("\nColumns read\n")
+		ew.Printf("\nColumns read\n")
 		tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 		for _, tr := range r.Reads {
 			fmt.Fprintf(tw, "  %s\t%s\n", tr.Table, columns(tr.Columns, tr.AllColumns))
@@ -89,7 +91,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		_ = tw.Flush()
 	}
 	if len(r.Writes) > 0 {
-		ew.printf("\nWrites (each changed row publishes its old and new row's tags)\n")
+		ew.Printf("\nWrites (each changed row publishes its old and new row's tags)\n")
 		tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 		for _, wr := range r.Writes {
 			changes := "rows (every column)"
@@ -104,7 +106,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		_ = tw.Flush()
 	}
 	if len(r.TagColumnSets) > 0 {
-		ew.printf("\nTag column sets of these tables\n")
+		ew.Printf("\nTag column sets of these tables\n")
 		tables := make([]string, 0, len(r.TagColumnSets))
 		for t := range r.TagColumnSets {
 			tables = append(tables, t)
@@ -128,12 +130,12 @@ func (r *Report) WriteText(w io.Writer) error {
 	if r.Live != nil {
 		r.Live.writeText(ew, r.Template)
 	}
-	return ew.err
+	return ew.Err()
 }
 
 // writeText writes the live figures.
-func (l *Live) writeText(ew *errWriter, template string) {
-	ew.printf("\nLive figures of template %s (counters since each process started, added up over the endpoints)\n", template)
+func (l *Live) writeText(ew *errwriter.Writer, template string) {
+	ew.Printf("\nLive figures of template %s (counters since each process started, added up over the endpoints)\n", template)
 	tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 	for _, ep := range l.Endpoints {
 		what := strings.Join(ep.Exports, ", ")
@@ -161,9 +163,9 @@ func (l *Live) writeText(ew *errWriter, template string) {
 	_ = tw.Flush()
 	switch f := l.Failed(); {
 	case f == len(l.Endpoints):
-		ew.printf("  Note: no endpoint could be read.\n")
+		ew.Printf("  Note: no endpoint could be read.\n")
 	case f > 0:
-		ew.printf("  Note: %d of %d endpoints could not be read; the figures are those of the others.\n", f, len(l.Endpoints))
+		ew.Printf("  Note: %d of %d endpoints could not be read; the figures are those of the others.\n", f, len(l.Endpoints))
 	}
 }
 
@@ -254,20 +256,3 @@ func columns(cols []string, all bool) string {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
-
-// errWriter keeps the first write error; later writes do nothing.
-type errWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (e *errWriter) Write(p []byte) (int, error) {
-	if e.err != nil {
-		return 0, e.err
-	}
-	n, err := e.w.Write(p)
-	e.err = err
-	return n, err
-}
-
-func (e *errWriter) printf(format string, args ...any) { fmt.Fprintf(e, format, args...) }

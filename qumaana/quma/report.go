@@ -6,21 +6,23 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/larderdb/larder/internal/errwriter"
 )
 
 // WriteText writes the human report: query templates and their groups (in
 // the manner of Ferdinand's Figure 3), write templates with the queries they
 // may affect, the invalidator's tag column sets, and the warnings.
 func (s *Solution) WriteText(w io.Writer) error {
-	ew := &errWriter{w: w}
+	ew := errwriter.New(w)
 	names := map[string]string{}
 	for i, q := range s.Queries {
 		names[q.ID] = fmt.Sprintf("Q%d", i+1)
 	}
-	ew.printf("QUMA solution (format version %d): %d query templates, %d write templates, %d tables with tag columns\n\n",
+	ew.Printf("QUMA solution (format version %d): %d query templates, %d write templates, %d tables with tag columns\n\n",
 		s.Version, len(s.Queries), len(s.Writes), len(s.Tables))
 
-	ew.printf("Query templates\n")
+	ew.Printf("Query templates\n")
 	tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "  #\tfreq\tcacheable\tgroups\tsql\n")
 	for i, q := range s.Queries {
@@ -36,7 +38,7 @@ func (s *Solution) WriteText(w io.Writer) error {
 	}
 	_ = tw.Flush()
 
-	ew.printf("\nWrite templates\n")
+	ew.Printf("\nWrite templates\n")
 	tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "  #\tfreq\tpublishes (old and new rows)\taffects\tindependent of\tsql\n")
 	for i, wr := range s.Writes {
@@ -45,7 +47,7 @@ func (s *Solution) WriteText(w io.Writer) error {
 	}
 	_ = tw.Flush()
 
-	ew.printf("\nTag column sets (invalidator configuration)\n")
+	ew.Printf("\nTag column sets (invalidator configuration)\n")
 	tables := make([]string, 0, len(s.Tables))
 	for t := range s.Tables {
 		tables = append(tables, t)
@@ -56,15 +58,15 @@ func (s *Solution) WriteText(w io.Writer) error {
 		for _, set := range s.Tables[t].TagColumns {
 			sets = append(sets, "("+strings.Join(set, ",")+")")
 		}
-		ew.printf("  %s: %s\n", t, strings.Join(sets, " "))
+		ew.Printf("  %s: %s\n", t, strings.Join(sets, " "))
 	}
 	if len(s.Warnings) > 0 {
-		ew.printf("\nWarnings\n")
+		ew.Printf("\nWarnings\n")
 		for _, wn := range s.Warnings {
-			ew.printf("  - %s\n", wn)
+			ew.Printf("  - %s\n", wn)
 		}
 	}
-	return ew.err
+	return ew.Err()
 }
 
 func tagText(t TagEntry) string {
@@ -99,19 +101,3 @@ func oneLine(s string, max int) string {
 	}
 	return s
 }
-
-type errWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (e *errWriter) Write(p []byte) (int, error) {
-	if e.err != nil {
-		return 0, e.err
-	}
-	n, err := e.w.Write(p)
-	e.err = err
-	return n, err
-}
-
-func (e *errWriter) printf(format string, args ...any) { fmt.Fprintf(e, format, args...) }
