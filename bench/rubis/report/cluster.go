@@ -71,7 +71,7 @@ func (r *Report) clusterMarkdown() string {
 	fmt.Fprintf(&b, "\nSeveral application servers (node miss rate: node lookups without a usable hit / node lookups; "+
 		"database reads: the clients' reads that went to PostgreSQL; statements: pg_stat_statements' calls, the invalidator's left out; "+
 		"invalidation messages received by each node of the mode):\n\n"+
-		"| repeat | mode | VUs | requests | node lookups | node miss rate | database reads / request | statements / request | transactions / request | invalidation messages per node |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		"| repeat | mode | VUs | requests | node lookups | node errors | node miss rate | database reads / request | statements / request | transactions / request | invalidation messages per node |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range runs {
 		miss, reads, stmts := "—", "—", "—"
 		if x.Reads["node-lookups"] > 0 {
@@ -89,8 +89,8 @@ func (r *Report) clusterMarkdown() string {
 			}
 			inv = strings.Join(s, " / ")
 		}
-		fmt.Fprintf(&b, "| %d | %s | %d | %d | %d | %s | %s | %s | %.2f | %s |\n", max(x.Repeat, 1), x.Mode, x.VUs, x.Requests,
-			x.Reads["node-lookups"], miss, reads, stmts, x.PerRequest(PGXacts), inv)
+		fmt.Fprintf(&b, "| %d | %s | %d | %d | %d | %d | %s | %s | %s | %.2f | %s |\n", max(x.Repeat, 1), x.Mode, x.VUs, x.Requests,
+			x.Reads["node-lookups"], x.Reads["node-errors"], miss, reads, stmts, x.PerRequest(PGXacts), inv)
 	}
 	// Cooperative against local-only, run by run in each repeat.
 	var lines []string
