@@ -62,6 +62,14 @@ func main() {
 	}
 }
 
+// short is a peer ID's last 8 characters.
+func short(id string) string {
+	if len(id) <= 8 {
+		return id
+	}
+	return "…" + id[len(id)-8:]
+}
+
 func run(verb string, cfg Config) error {
 	// LARDER_CPUPROFILE profiles the stack's own process (the invalidator
 	// and the cache-node run in it) until it stops: for the benchmarks.
@@ -113,6 +121,11 @@ func run(verb string, cfg Config) error {
 		fmt.Printf("Pincushion: %d exact pinned snapshot(s); newest %s at LSN %s\n", len(r.Pins), newest.SnapshotID, pglogrepl.LSN(newest.LSN))
 		fmt.Printf("Cache-node: count(*) = %s computed at that pin, put and served; after an INSERT it is valid on [%s, %s) and a newer read misses (%s)\n",
 			r.CachedCount, pglogrepl.LSN(r.CachedLo), pglogrepl.LSN(r.CachedHi), r.NewerMiss)
+		if o := r.Overlay; o != nil {
+			fmt.Printf("Overlay: %d cache-nodes, node A %s (%s) and node B %s (%s)\n", o.MembersSeenByOne, short(o.Home), o.HomeAddr, short(o.Master), o.MasterAddr)
+			fmt.Printf("Overlay: key %s mastered by node B, put and read through node A: %q, served by its master (node B holds %d → %d keys, node A %d → %d)\n",
+				o.Key, o.Value, o.MasterKeys[0], o.MasterKeys[1], o.HomeKeys[0], o.HomeKeys[1])
+		}
 		fmt.Printf("database/sql, driver \"larder\", LARDER_DSN: count(*) = %d (a snapshot within the staleness limit); after an INSERT through it, %d (read your writes)\n", r.DriverCounts[0], r.DriverCounts[1])
 		if s.ProxyURL() != "" {
 			counts, hits, err := s.PsqlThroughFront(ctx)

@@ -48,8 +48,14 @@ func TestStackWithThreeCacheNodes(t *testing.T) {
 			t.Errorf("overlay credentials: %v", err)
 		}
 	}
-	if _, err := s.Smoke(ctx); err != nil {
+	r, err := s.Smoke(ctx)
+	if err != nil {
 		t.Fatal(err)
+	}
+	// The demo's overlay step: a key the second node masters, put and read
+	// through the first, is held by its master only.
+	if o := r.Overlay; o == nil || !o.ServedByMaster || o.MasterKeys[1] != o.MasterKeys[0]+1 || o.HomeKeys[1] != o.HomeKeys[0] {
+		t.Fatalf("overlay demo: %+v", r.Overlay)
 	}
 	db, err := sql.Open("larder", s.DSN())
 	if err != nil {
