@@ -104,6 +104,11 @@ type Config struct {
 	// member must use the same number, or they disagree on masters (which
 	// costs hit rate, not correctness).
 	VirtualPositions int
+	// AddedLatency delays every request this node sends to a member by
+	// that much before it leaves: an emulation of a slower link between
+	// nodes, for benchmarks only (0: none). It counts against
+	// RequestTimeout.
+	AddedLatency time.Duration
 }
 
 func (c *Config) setDefaults() {

@@ -438,6 +438,34 @@ func TestForwardDeadline(t *testing.T) {
 	waitFor(t, "the master's handler was called", func() bool { return h0.lookups.Load() == 1 })
 }
 
+// TestAddedLatency: a member whose requests are delayed longer than their
+// time forwards nothing: the lookup fails with the deadline, and the
+// master's handler is never called.
+func TestAddedLatency(t *testing.T) {
+	c := newCluster(t, 2)
+	h0 := newRecordingHandler("node0")
+	o0 := start(t, c.config(0, h0, nil))
+	cfg1 := c.config(1, newRecordingHandler("node1"), o0)
+	cfg1.AddedLatency = time.Hour
+	cfg1.RequestTimeout = 100 * time.Millisecond
+	o1 := start(t, cfg1)
+	waitMembers(t, []*Overlay{o0, o1}, c.ids)
+	var key []byte
+	for _, k := range testKeys(100) {
+		if o1.Master(k) == o0.ID() {
+			key = k
+			break
+		}
+	}
+	_, err := o1.Handler().Lookup(context.Background(), protocol.LookupRequest{Key: key})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a lookup delayed past its time: %v", err)
+	}
+	if n := h0.lookups.Load(); n != 0 {
+		t.Fatalf("the master answered %d lookups", n)
+	}
+}
+
 // TestAdmission: a peer without the pre-shared key cannot connect; one
 // with the key but not on the allow-list is refused at the handshake
 // (counted); neither becomes a member nor gets an answer.

@@ -19,7 +19,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "demo") {
-		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-cache-nodes N] [-standalone-cache-nodes N] [-broadcast-invalidation] [-invalidator-metrics ADDR] [-cache-node-metrics ADDR] [-quma FILE] [-fix-replica-identity]")
+		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-cache-nodes N] [-standalone-cache-nodes N] [-overlay-latency D] [-broadcast-invalidation] [-invalidator-metrics ADDR] [-cache-node-metrics ADDR] [-quma FILE] [-fix-replica-identity]")
 		os.Exit(2)
 	}
 	verb := os.Args[1]
@@ -35,6 +35,7 @@ func main() {
 	fs.StringVar(&cfg.CacheNodeMetrics, "cache-node-metrics", cfg.CacheNodeMetrics, `address of the cache-node's /metrics ("" for none; with -cache-nodes N, the next nodes take the next ports)`)
 	fs.IntVar(&cfg.CacheNodes, "cache-nodes", 1, "cache-nodes to run; more than one join a libp2p overlay (credentials in the secrets folder), on consecutive ports from -cache-node-port, and LARDER_DSN lists them with larder.node-placement=home (the first is the home node)")
 	fs.IntVar(&cfg.StandaloneCacheNodes, "standalone-cache-nodes", 0, "more cache-nodes outside the overlay, on the ports after its nodes, each caching alone (LARDER_STANDALONE_NODES; the benchmarks' local-only caching)")
+	fs.DurationVar(&cfg.OverlayLatency, "overlay-latency", 0, "added to every request a cache-node forwards to another: an emulation of slower links between nodes, for benchmarks")
 	fs.BoolVar(&cfg.BroadcastInvalidation, "broadcast-invalidation", false, "run the cache-nodes in the broadcast ablation: each receives every invalidation (cache-node --broadcast-invalidation)")
 	fs.StringVar(&cfg.InvalidatorQUMA, "quma", cfg.InvalidatorQUMA, "the application's QUMA file (qumaana analyze): the invalidator starts with its tag column sets and LARDER_DSN names it (default: one the stack writes, keyed on each table's keys; clients register any other set they key on at run time)")
 	fs.IntVar(&cfg.FrontPort, "front-port", cfg.FrontPort, "port of the PostgreSQL wire front on 127.0.0.1 (LARDER_PROXY_URL: psql and any driver read through Larder inside BEGIN READ ONLY; 0: any free port; -1: no front)")

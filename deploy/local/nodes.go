@@ -172,7 +172,8 @@ func (s *Stack) startCacheNode(cfg Config, i int, ovFiles overlayFiles, boot []p
 		if err != nil {
 			return nil, err
 		}
-		o.Overlay = &overlay.Config{Listen: []string{"127.0.0.1:0"}, KeyFile: ovFiles.keys[i], PSK: psk, Allow: ovFiles.allow, Bootstrap: boot}
+		o.Overlay = &overlay.Config{Listen: []string{"127.0.0.1:0"}, KeyFile: ovFiles.keys[i], PSK: psk, Allow: ovFiles.allow, Bootstrap: boot,
+			AddedLatency: cfg.OverlayLatency}
 		o.OverlayStarted = func(ov *overlay.Overlay) { node.ov = ov }
 	}
 	ctx, cancel := context.WithCancel(context.Background())

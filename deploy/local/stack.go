@@ -54,6 +54,10 @@ type Config struct {
 	// cooperative overlay (LARDER_STANDALONE_NODES). LARDER_DSN does not
 	// list them.
 	StandaloneCacheNodes int
+	// OverlayLatency is added to every request a node forwards to another
+	// (overlay.Config.AddedLatency): an emulation of slower links between
+	// nodes, for the benchmarks.
+	OverlayLatency time.Duration
 	// BroadcastInvalidation runs the cache-nodes in the broadcast ablation
 	// (cache-node --broadcast-invalidation).
 	BroadcastInvalidation bool
