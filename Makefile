@@ -58,12 +58,13 @@ BENCH_ARGS ?=
 bench-rubis: deps
 	bash bench/rubis/bench.sh --repeats 3 $(BENCH_ARGS)
 
-# The main job: the local stack and one round trip through the cache, then a
-# short RUBiS comparison of plain PostgreSQL and Larder in both mixes
-# (browsing, then bidding; a 5 s warm-up and 10 s measured per mode and mix,
-# a stack start per mix: about two minutes).
+# The main job: the local stack with two cache-nodes in an overlay, one round
+# trip through the cache, a key read through one node from its master on the
+# other, then a short RUBiS comparison of plain PostgreSQL and Larder in both
+# mixes (browsing, then bidding; a 5 s warm-up and 10 s measured per mode and
+# mix, a stack start per mix: about two minutes).
 demo: deps
-	$(GO) run ./deploy/local demo
+	$(GO) run ./deploy/local demo -cache-nodes 2
 	@echo
 	@echo "RUBiS, direct vs larder, browsing mix (a short run at demo scale; make bench-rubis for the full report):"
 	bash bench/rubis/bench.sh --modes direct,larder --vus 8 --duration 10s --warmup 5s --scale 0.05 --mix browsing --out bench/rubis/results/demo

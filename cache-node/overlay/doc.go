@@ -1,6 +1,8 @@
 // Package overlay makes cache-nodes members of a libp2p Kademlia DHT and
-// places each key on its master: the live member whose peer ID is closest
-// to the key in the DHT's XOR metric. A node forwards a lookup or put of a
+// places each key on its master: the live member standing at the point of
+// the key space closest to the key in the DHT's XOR metric, each member at
+// Config.VirtualPositions points derived from its peer ID (32 by default:
+// one point each leaves the shares of few members very unequal). A node forwards a lookup or put of a
 // key another member masters to that member over a libp2p stream, and
 // answers the rest itself.
 //

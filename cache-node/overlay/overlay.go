@@ -1,7 +1,6 @@
 package overlay
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -100,6 +99,16 @@ type Config struct {
 	// ForgetAfter removes a member from the routing table after it could
 	// not be reached that long (DefaultForgetAfter).
 	ForgetAfter time.Duration
+	// VirtualPositions is how many points of the key space each member
+	// stands at (DefaultVirtualPositions; 1: its DHT key only). Every
+	// member must use the same number, or they disagree on masters (which
+	// costs hit rate, not correctness).
+	VirtualPositions int
+	// AddedLatency delays every request this node sends to a member by
+	// that much before it leaves: an emulation of a slower link between
+	// nodes, for benchmarks only (0: none). It counts against
+	// RequestTimeout.
+	AddedLatency time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -116,6 +125,9 @@ func (c *Config) setDefaults() {
 	set(&c.ForgetAfter, DefaultForgetAfter)
 	if c.MaxFrame <= 0 {
 		c.MaxFrame = protocol.DefaultMaxFrame
+	}
+	if c.VirtualPositions <= 0 {
+		c.VirtualPositions = DefaultVirtualPositions
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -152,19 +164,40 @@ type Overlay struct {
 	closeErr  error
 }
 
-// membership is the set of live members, this node included, sorted, with
-// their positions in the DHT's key space.
+// membership is the set of live members, this node included, sorted,
+// with their positions in the DHT's key space: VirtualPositions each
+// (positions), pos[j] of member owner[j].
 type membership struct {
-	ids  []peer.ID
-	keys []kbucket.ID // kbucket.ConvertPeerID(ids[i])
+	ids   []peer.ID
+	pos   [][]byte
+	owner []int
 }
 
-func newMembership(ids []peer.ID) *membership {
-	m := &membership{ids: ids, keys: make([]kbucket.ID, len(ids))}
+// DefaultVirtualPositions is how many points of the key space each member
+// stands at (Config.VirtualPositions).
+const DefaultVirtualPositions = 32
+
+func newMembership(ids []peer.ID, positions int) *membership {
+	positions = max(positions, 1)
+	m := &membership{ids: ids, pos: make([][]byte, 0, len(ids)*positions), owner: make([]int, 0, len(ids)*positions)}
 	for i, id := range ids {
-		m.keys[i] = kbucket.ConvertPeerID(id)
+		for j := range positions {
+			m.pos = append(m.pos, virtualPosition(id, j))
+			m.owner = append(m.owner, i)
+		}
 	}
 	return m
+}
+
+// virtualPosition is a member's j-th point in the key space: the first is
+// its DHT key (kbucket.ConvertPeerID), the others kbucket.ConvertKey of
+// its peer ID's bytes followed by "/" and j in decimal. Every member
+// derives every other's points from its ID alone.
+func virtualPosition(id peer.ID, j int) []byte {
+	if j == 0 {
+		return kbucket.ConvertPeerID(id)
+	}
+	return kbucket.ConvertKey(string(id) + "/" + strconv.Itoa(j))
 }
 
 // Start starts the node's libp2p host, joins the DHT through the bootstrap
@@ -243,7 +276,7 @@ func Start(ctx context.Context, cfg Config) (*Overlay, error) {
 		o.Close()
 		return nil, fmt.Errorf("overlay: event bus: %w", err)
 	}
-	o.members.Store(newMembership([]peer.ID{o.self}))
+	o.members.Store(newMembership([]peer.ID{o.self}, o.cfg.VirtualPositions))
 	for _, b := range cfg.Bootstrap {
 		if b.ID != o.self {
 			o.dial(b)
@@ -282,23 +315,38 @@ func (o *Overlay) Handler() protocol.Handler { return forwarder{o} }
 // Members are the live members, this node included, sorted.
 func (o *Overlay) Members() []peer.ID { return slices.Clone(o.members.Load().ids) }
 
-// Master is the live member, this node included, whose peer ID is closest
-// to the key in the DHT's metric: the XOR of kbucket.ConvertKey(key) and
-// kbucket.ConvertPeerID(member), compared as big-endian numbers.
-// Members that see the same live set agree on every key's master.
+// Master is the live member, this node included, standing at the point
+// of the key space closest to the key in the DHT's metric: the XOR of
+// kbucket.ConvertKey(key) and each member's virtual positions
+// (Config.VirtualPositions; the first is kbucket.ConvertPeerID(member)),
+// compared as big-endian numbers. Members that see the same live set and
+// use the same number of positions agree on every key's master. Several
+// positions per member even out the members' shares of the keys, which
+// with one position each are very unequal among few members.
 func (o *Overlay) Master(key []byte) peer.ID {
 	return o.members.Load().master(kbucket.ConvertKey(string(key)))
 }
 
 func (m *membership) master(target kbucket.ID) peer.ID {
-	best, bestDist := 0, kbucket.ID(nil)
-	for i, k := range m.keys {
-		d := kbucket.Xor(k, target)
-		if i == 0 || bytes.Compare(d, bestDist) < 0 {
-			best, bestDist = i, d
+	best := 0
+	for j := 1; j < len(m.pos); j++ {
+		if xorLess(m.pos[j], m.pos[best], target) {
+			best = j
 		}
 	}
-	return m.ids[best]
+	return m.ids[m.owner[best]]
+}
+
+// xorLess reports whether a is closer to t than b is, in XOR distance
+// (all three of one length).
+func xorLess(a, b, t []byte) bool {
+	for i := range t {
+		da, db := a[i]^t[i], b[i]^t[i]
+		if da != db {
+			return da < db
+		}
+	}
+	return false
 }
 
 // Watch returns a channel that receives the live members (as Members)
@@ -382,7 +430,7 @@ func (o *Overlay) refresh() {
 		return
 	}
 	joined, left := diff(old.ids, live)
-	o.members.Store(newMembership(live))
+	o.members.Store(newMembership(live, o.cfg.VirtualPositions))
 	o.dropStreams(live)
 	o.m.membershipChanges.Inc()
 	o.m.peers.Set(float64(len(live) - 1))

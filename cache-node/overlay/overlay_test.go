@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -198,9 +200,28 @@ func testKeys(n int) [][]byte {
 	return keys
 }
 
-// closest is the member closest to key by kbucket's own sort.
+// closest is the member standing at the point closest to key, every
+// member at DefaultVirtualPositions points, by kbucket's own distance.
 func closest(members []peer.ID, key []byte) peer.ID {
-	return kbucket.SortClosestPeers(members, kbucket.ConvertKey(string(key)))[0]
+	return closestAt(members, key, DefaultVirtualPositions)
+}
+
+func closestAt(members []peer.ID, key []byte, positions int) peer.ID {
+	target := kbucket.ConvertKey(string(key))
+	var best peer.ID
+	var bestDist kbucket.ID
+	for _, m := range members {
+		for j := range positions {
+			p := kbucket.ConvertKey(string(m) + "/" + strconv.Itoa(j))
+			if j == 0 {
+				p = kbucket.ConvertPeerID(m)
+			}
+			if d := kbucket.Xor(p, target); bestDist == nil || bytes.Compare(d, bestDist) < 0 {
+				best, bestDist = m, d
+			}
+		}
+	}
+	return best
 }
 
 // TestMembersAgreeOnMasters starts four members joined through one
@@ -417,6 +438,34 @@ func TestForwardDeadline(t *testing.T) {
 	waitFor(t, "the master's handler was called", func() bool { return h0.lookups.Load() == 1 })
 }
 
+// TestAddedLatency: a member whose requests are delayed longer than their
+// time forwards nothing: the lookup fails with the deadline, and the
+// master's handler is never called.
+func TestAddedLatency(t *testing.T) {
+	c := newCluster(t, 2)
+	h0 := newRecordingHandler("node0")
+	o0 := start(t, c.config(0, h0, nil))
+	cfg1 := c.config(1, newRecordingHandler("node1"), o0)
+	cfg1.AddedLatency = time.Hour
+	cfg1.RequestTimeout = 100 * time.Millisecond
+	o1 := start(t, cfg1)
+	waitMembers(t, []*Overlay{o0, o1}, c.ids)
+	var key []byte
+	for _, k := range testKeys(100) {
+		if o1.Master(k) == o0.ID() {
+			key = k
+			break
+		}
+	}
+	_, err := o1.Handler().Lookup(context.Background(), protocol.LookupRequest{Key: key})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a lookup delayed past its time: %v", err)
+	}
+	if n := h0.lookups.Load(); n != 0 {
+		t.Fatalf("the master answered %d lookups", n)
+	}
+}
+
 // TestAdmission: a peer without the pre-shared key cannot connect; one
 // with the key but not on the allow-list is refused at the handshake
 // (counted); neither becomes a member nor gets an answer.
@@ -520,12 +569,19 @@ func TestIdentityPersists(t *testing.T) {
 }
 
 // TestMasterMatchesKbucket checks placement without hosts: for random
-// member sets and keys, Master's choice is the member kbucket sorts
-// closest, and removing a member moves only its own keys.
+// member sets and keys, Master's choice is the member standing at the
+// point kbucket finds closest (one position per member: kbucket's own
+// sort), and removing a member moves only its own keys.
 func TestMasterMatchesKbucket(t *testing.T) {
 	c := newCluster(t, 8)
-	m := newMembership(c.ids)
-	smaller := newMembership(c.ids[1:])
+	single := newMembership(c.ids, 1)
+	for _, k := range testKeys(500) {
+		if got, want := single.master(kbucket.ConvertKey(string(k))), kbucket.SortClosestPeers(c.ids, kbucket.ConvertKey(string(k)))[0]; got != want {
+			t.Fatalf("one position each, key %s: master %s, kbucket's closest %s", k, got, want)
+		}
+	}
+	m := newMembership(c.ids, DefaultVirtualPositions)
+	smaller := newMembership(c.ids[1:], DefaultVirtualPositions)
 	for _, k := range testKeys(2000) {
 		target := kbucket.ConvertKey(string(k))
 		got := m.master(target)

@@ -194,6 +194,16 @@ func (o *Overlay) request(ctx context.Context, p peer.ID, op byte, body []byte, 
 		}
 		return &PeerError{Peer: p, Op: name, Err: err}
 	}
+	if d := o.cfg.AddedLatency; d > 0 {
+		// Emulation of a slower link (Config.AddedLatency).
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fail(ctx.Err())
+		}
+	}
 	ps, err := o.stream(ctx, p)
 	if err != nil {
 		return fail(err)

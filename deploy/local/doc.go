@@ -24,6 +24,13 @@
 // application's home node and forwards each key to its master;
 // LARDER_CACHE_NODES and LARDER_CACHE_NODES_METRICS list them.
 // -broadcast-invalidation runs the nodes in the broadcast ablation.
+// -standalone-cache-nodes M runs M more nodes outside the overlay, on the
+// ports after its nodes, each caching alone (LARDER_STANDALONE_NODES and
+// LARDER_STANDALONE_NODES_METRICS): rubis-bench's local-only caching with
+// several application servers. With two nodes or more, `demo` puts a key
+// the second node masters through the first, reads it back through the
+// first and shows that only its master holds it (make demo runs
+// `demo -cache-nodes 2`).
 //
 // # The PostgreSQL wire front
 //

@@ -20,7 +20,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "demo") {
-		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-cache-nodes N] [-broadcast-invalidation] [-invalidator-metrics ADDR] [-cache-node-metrics ADDR] [-quma FILE] [-fix-replica-identity]")
+		fmt.Fprintln(os.Stderr, "usage: local up|demo [-dir DIR] [-pg-port N] [-nats-port N] [-redis-port N] [-nats-bin PATH|embedded] [-cache-node-port N] [-cache-nodes N] [-standalone-cache-nodes N] [-overlay-latency D] [-broadcast-invalidation] [-invalidator-metrics ADDR] [-cache-node-metrics ADDR] [-quma FILE] [-fix-replica-identity]")
 		os.Exit(2)
 	}
 	verb := os.Args[1]
@@ -35,6 +35,8 @@ func main() {
 	fs.StringVar(&cfg.InvalidatorMetrics, "invalidator-metrics", cfg.InvalidatorMetrics, `address of the invalidator's /metrics ("" for none)`)
 	fs.StringVar(&cfg.CacheNodeMetrics, "cache-node-metrics", cfg.CacheNodeMetrics, `address of the cache-node's /metrics ("" for none; with -cache-nodes N, the next nodes take the next ports)`)
 	fs.IntVar(&cfg.CacheNodes, "cache-nodes", 1, "cache-nodes to run; more than one join a libp2p overlay (credentials in the secrets folder), on consecutive ports from -cache-node-port, and LARDER_DSN lists them with larder.node-placement=home (the first is the home node)")
+	fs.IntVar(&cfg.StandaloneCacheNodes, "standalone-cache-nodes", 0, "more cache-nodes outside the overlay, on the ports after its nodes, each caching alone (LARDER_STANDALONE_NODES; the benchmarks' local-only caching)")
+	fs.DurationVar(&cfg.OverlayLatency, "overlay-latency", 0, "added to every request a cache-node forwards to another: an emulation of slower links between nodes, for benchmarks")
 	fs.BoolVar(&cfg.BroadcastInvalidation, "broadcast-invalidation", false, "run the cache-nodes in the broadcast ablation: each receives every invalidation (cache-node --broadcast-invalidation)")
 	fs.StringVar(&cfg.InvalidatorQUMA, "quma", cfg.InvalidatorQUMA, "the application's QUMA file (qumaana analyze): the invalidator starts with its tag column sets and LARDER_DSN names it (default: one the stack writes, keyed on each table's keys; clients register any other set they key on at run time)")
 	fs.IntVar(&cfg.FrontPort, "front-port", cfg.FrontPort, "port of the PostgreSQL wire front on 127.0.0.1 (LARDER_PROXY_URL: psql and any driver read through Larder inside BEGIN READ ONLY; 0: any free port; -1: no front)")
@@ -68,6 +70,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "local:", err)
 		os.Exit(1)
 	}
+}
+
+// short is a peer ID's last 8 characters.
+func short(id string) string {
+	if len(id) <= 8 {
+		return id
+	}
+	return "…" + id[len(id)-8:]
 }
 
 func run(verb string, cfg Config) error {
@@ -121,6 +131,11 @@ func run(verb string, cfg Config) error {
 		fmt.Printf("Pincushion: %d exact pinned snapshot(s); newest %s at LSN %s\n", len(r.Pins), newest.SnapshotID, pglogrepl.LSN(newest.LSN))
 		fmt.Printf("Cache-node: count(*) = %s computed at that pin, put and served; after an INSERT it is valid on [%s, %s) and a newer read misses (%s)\n",
 			r.CachedCount, pglogrepl.LSN(r.CachedLo), pglogrepl.LSN(r.CachedHi), r.NewerMiss)
+		if o := r.Overlay; o != nil {
+			fmt.Printf("Overlay: %d cache-nodes, node A %s (%s) and node B %s (%s)\n", o.MembersSeenByOne, short(o.Home), o.HomeAddr, short(o.Master), o.MasterAddr)
+			fmt.Printf("Overlay: key %s mastered by node B, put and read through node A: %q, served by its master (node B holds %d → %d keys, node A %d → %d)\n",
+				o.Key, o.Value, o.MasterKeys[0], o.MasterKeys[1], o.HomeKeys[0], o.HomeKeys[1])
+		}
 		fmt.Printf("database/sql, driver \"larder\", LARDER_DSN: count(*) = %d (a snapshot within the staleness limit); after an INSERT through it, %d (read your writes)\n", r.DriverCounts[0], r.DriverCounts[1])
 		if s.ProxyURL() != "" {
 			counts, hits, err := s.PsqlThroughFront(ctx)

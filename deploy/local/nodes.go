@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -108,6 +109,15 @@ func (s *Stack) startCacheNodes(cfg Config) error {
 			boot = []peer.AddrInfo{{ID: node.ov.ID(), Addrs: node.ov.Host().Addrs()}}
 		}
 	}
+	// Standalone nodes follow, on the next ports: not members of the
+	// overlay, each caching alone.
+	for j := range cfg.StandaloneCacheNodes {
+		node, err := s.startCacheNode(cfg, n+j, overlayFiles{}, nil)
+		if err != nil {
+			return err
+		}
+		s.standalone = append(s.standalone, node)
+	}
 	if n == 1 {
 		return nil
 	}
@@ -162,7 +172,8 @@ func (s *Stack) startCacheNode(cfg Config, i int, ovFiles overlayFiles, boot []p
 		if err != nil {
 			return nil, err
 		}
-		o.Overlay = &overlay.Config{Listen: []string{"127.0.0.1:0"}, KeyFile: ovFiles.keys[i], PSK: psk, Allow: ovFiles.allow, Bootstrap: boot}
+		o.Overlay = &overlay.Config{Listen: []string{"127.0.0.1:0"}, KeyFile: ovFiles.keys[i], PSK: psk, Allow: ovFiles.allow, Bootstrap: boot,
+			AddedLatency: cfg.OverlayLatency}
 		o.OverlayStarted = func(ov *overlay.Overlay) { node.ov = ov }
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -188,10 +199,31 @@ func (s *Stack) CacheNodeAddrs() []string {
 	return addrs
 }
 
+// StandaloneNodeAddrs are where the standalone cache-nodes
+// (Config.StandaloneCacheNodes) serve their protocol.
+func (s *Stack) StandaloneNodeAddrs() []string {
+	addrs := make([]string, len(s.standalone))
+	for i, n := range s.standalone {
+		addrs[i] = n.addr
+	}
+	return addrs
+}
+
+// metricsURLs are the /metrics endpoints of nodes ("" for none).
+func metricsURLs(nodes []*stackNode) string {
+	var metrics []string
+	for _, n := range nodes {
+		if n.metricsAddr != "" {
+			metrics = append(metrics, "http://"+n.metricsAddr+"/metrics")
+		}
+	}
+	return strings.Join(metrics, ",")
+}
+
 // stopCacheNodes stops every cache-node.
 func (s *Stack) stopCacheNodes() []error {
 	var errs []error
-	for i, n := range s.nodes {
+	for i, n := range append(slices.Clone(s.nodes), s.standalone...) {
 		n.stop()
 		if err := <-n.done; err != nil {
 			errs = append(errs, fmt.Errorf("cache-node %d: %w", i+1, err))

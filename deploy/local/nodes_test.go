@@ -25,7 +25,7 @@ func TestStackWithThreeCacheNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	cfg := Config{Dir: filepath.Join(dir, "stack"), CacheNodes: 3, CacheNodeMetrics: "127.0.0.1:0", NATSBin: "nats-server"}
+	cfg := Config{Dir: filepath.Join(dir, "stack"), CacheNodes: 3, StandaloneCacheNodes: 1, CacheNodeMetrics: "127.0.0.1:0", NATSBin: "nats-server"}
 	ctx := context.Background()
 	s, err := Start(ctx, cfg)
 	if err != nil {
@@ -34,6 +34,11 @@ func TestStackWithThreeCacheNodes(t *testing.T) {
 	defer s.Close()
 	if n := len(s.CacheNodeAddrs()); n != 3 {
 		t.Fatalf("%d cache-nodes", n)
+	}
+	// The standalone node is listed apart, outside the overlay and LARDER_DSN.
+	if sa := s.StandaloneNodeAddrs(); len(sa) != 1 || s.URLs()["LARDER_STANDALONE_NODES"] != sa[0] ||
+		strings.Contains(s.DSN(), url.QueryEscape(sa[0])) || len(strings.Split(s.URLs()["LARDER_STANDALONE_NODES_METRICS"], ",")) != 1 {
+		t.Fatalf("standalone nodes %v, URLs %v", sa, s.URLs())
 	}
 	u, err := url.Parse(s.DSN())
 	if err != nil {
@@ -48,8 +53,14 @@ func TestStackWithThreeCacheNodes(t *testing.T) {
 			t.Errorf("overlay credentials: %v", err)
 		}
 	}
-	if _, err := s.Smoke(ctx); err != nil {
+	r, err := s.Smoke(ctx)
+	if err != nil {
 		t.Fatal(err)
+	}
+	// The demo's overlay step: a key the second node masters, put and read
+	// through the first, is held by its master only.
+	if o := r.Overlay; o == nil || !o.ServedByMaster || o.MasterKeys[1] != o.MasterKeys[0]+1 || o.HomeKeys[1] != o.HomeKeys[0] {
+		t.Fatalf("overlay demo: %+v", r.Overlay)
 	}
 	db, err := sql.Open("larder", s.DSN())
 	if err != nil {

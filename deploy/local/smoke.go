@@ -46,6 +46,10 @@ type SmokeReport struct {
 	// transaction, then again after an INSERT through the driver (read your
 	// writes: the second count includes it).
 	DriverCounts [2]int64
+
+	// Overlay: with two cache-nodes or more, a key the second masters read
+	// through the first (overlaydemo.go); nil with one node.
+	Overlay *OverlayDemo
 }
 
 // Smoke exercises each server for real: a write and read in PostgreSQL, an
@@ -129,6 +133,9 @@ func (s *Stack) Smoke(ctx context.Context) (SmokeReport, error) {
 	}
 
 	if err := s.cacheRoundTrip(ctx, conn, &r); err != nil {
+		return r, err
+	}
+	if err := s.overlayRoundTrip(ctx, &r); err != nil {
 		return r, err
 	}
 	if err := s.driverRoundTrip(ctx, &r); err != nil {

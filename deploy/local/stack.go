@@ -48,6 +48,16 @@ type Config struct {
 	// is the application's home node, which forwards each key to its
 	// master.
 	CacheNodes int
+	// StandaloneCacheNodes more cache-nodes run outside the overlay, on
+	// the ports after the overlay's (and the metrics likewise), each
+	// caching alone: the benchmarks' local-only caching beside the
+	// cooperative overlay (LARDER_STANDALONE_NODES). LARDER_DSN does not
+	// list them.
+	StandaloneCacheNodes int
+	// OverlayLatency is added to every request a node forwards to another
+	// (overlay.Config.AddedLatency): an emulation of slower links between
+	// nodes, for the benchmarks.
+	OverlayLatency time.Duration
 	// BroadcastInvalidation runs the cache-nodes in the broadcast ablation
 	// (cache-node --broadcast-invalidation).
 	BroadcastInvalidation bool
@@ -129,7 +139,8 @@ type Stack struct {
 	invalidatorDone chan error
 	metricsAddr     string
 
-	nodes []*stackNode // the cache-nodes, the home node first (nodes.go)
+	nodes      []*stackNode // the cache-nodes, the home node first (nodes.go)
+	standalone []*stackNode // Config.StandaloneCacheNodes
 
 	// identityProblem is the invalidator's replica identity complaint
 	// while it waits for the fix ("" when it runs).
@@ -411,14 +422,14 @@ func (s *Stack) URLs() map[string]string {
 	}
 	if len(s.nodes) > 1 {
 		m["LARDER_CACHE_NODES"] = strings.Join(s.CacheNodeAddrs(), ",")
-		var metrics []string
-		for _, n := range s.nodes {
-			if n.metricsAddr != "" {
-				metrics = append(metrics, "http://"+n.metricsAddr+"/metrics")
-			}
+		if metrics := metricsURLs(s.nodes); metrics != "" {
+			m["LARDER_CACHE_NODES_METRICS"] = metrics
 		}
-		if len(metrics) > 0 {
-			m["LARDER_CACHE_NODES_METRICS"] = strings.Join(metrics, ",")
+	}
+	if len(s.standalone) > 0 {
+		m["LARDER_STANDALONE_NODES"] = strings.Join(s.StandaloneNodeAddrs(), ",")
+		if metrics := metricsURLs(s.standalone); metrics != "" {
+			m["LARDER_STANDALONE_NODES_METRICS"] = metrics
 		}
 	}
 	if u := s.InvalidatorMetricsURL(); u != "" {

@@ -131,3 +131,36 @@ func TestNotFoundAndConflictAreNotFailures(t *testing.T) {
 		t.Errorf("%d failed requests, want the %d server errors only (served %v)", s.Metrics.Failed.Passes, served[http.StatusInternalServerError], served)
 	}
 }
+
+// With several base URLs (application servers), virtual user k keeps to
+// the ((k-1) mod n)-th: with as many users as servers, every server gets
+// requests.
+func TestSeveralBaseURLs(t *testing.T) {
+	k6 := k6Binary(t)
+	var mu sync.Mutex
+	count := make([]int, 3)
+	var bases []string
+	for i := range count {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			count[i]++
+			mu.Unlock()
+		}))
+		defer srv.Close()
+		bases = append(bases, srv.URL)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, k6, "run", "--quiet", "--no-summary", "--no-usage-report",
+		"-e", "BASE_URL="+strings.Join(bases, ","), "-e", "MIX=browsing", "-e", "THINK=0", "-e", "VUS=3", "-e", "DURATION=2s", "rubis.js")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("k6: %v\n%s", err, out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, n := range count {
+		if n == 0 {
+			t.Errorf("server %d got no request (requests per server: %v)", i, count)
+		}
+	}
+}

@@ -5,7 +5,9 @@
 //
 //   k6 run -e BASE_URL=http://127.0.0.1:8080 -e MIX=bidding -e THINK=1 rubis.js
 //
-// Environment: BASE_URL; MIX (bidding|browsing); THINK (think-time factor,
+// Environment: BASE_URL (several, comma-separated: application servers,
+// virtual user k on the ((k-1) mod n)-th, as a client bound to its
+// server); MIX (bidding|browsing); THINK (think-time factor,
 // 0 for peak runs); USERS, ITEMS, CATEGORIES, REGIONS (the database's sizes);
 // VUS and DURATION, or STAGES as "30s:10,60s:10,30s:0" (ramp-up, measure, ramp-down).
 import http from 'k6/http';
@@ -30,7 +32,7 @@ const MAX_SESSION = 1000;
 
 const MIX = __ENV.MIX || 'bidding';
 const TABLE = parse(open(`../mix/${MIX}_transitions.tsv`));
-const BASE = __ENV.BASE_URL || 'http://127.0.0.1:8080';
+const BASES = (__ENV.BASE_URL || 'http://127.0.0.1:8080').split(',');
 const THINK = parseFloat(__ENV.THINK === undefined ? '1' : __ENV.THINK);
 const USERS = parseInt(__ENV.USERS || '1000');
 const ITEMS = parseInt(__ENV.ITEMS || '1000');
@@ -110,6 +112,7 @@ function thinkTime() {
 // One iteration is one session.
 export default function () {
   const table = TABLE;
+  const BASE = BASES[(exec.vu.idInTest - 1) % BASES.length];
   const user = rand(USERS);
   let cur = 0;
   const history = [];

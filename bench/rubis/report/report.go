@@ -273,7 +273,7 @@ func (r *Report) Markdown() string {
 		"| repeat | mode | VUs | requests/s | failed | worst p90 (ms) | interaction | hit rate | node misses | fresh / uncached | lookups/request | functions hit / run | CPU |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Runs {
 		hit, misses, fresh, lookups, fns := "—", "—", "—", "—", "—"
-		if len(x.Reads) > 0 {
+		if x.Reads["l1"]+x.Reads["node"]+x.Reads["database"] > 0 {
 			hit = fmt.Sprintf("%.0f%%", 100*x.HitRate())
 			misses = fmt.Sprintf("%d / %d / %d / %d", x.Reads["miss-compulsory"], x.Reads["miss-staleness"], x.Reads["miss-capacity"], x.Reads["miss-consistency"])
 			fresh = fmt.Sprintf("%d / %d", x.Reads["tx-fresh-snapshot"], x.Reads["tx-fallback"])
@@ -290,6 +290,7 @@ func (r *Report) Markdown() string {
 		}
 		fmt.Fprintf(&b, "| %d | %s | %d | %.0f | %.2f%% | %.1f | %s | %s | %s | %s | %s | %s | %s |\n", max(x.Repeat, 1), x.Mode, x.VUs, x.Rate, 100*x.Failed, x.WorstP90, x.Worst, hit, misses, fresh, lookups, fns, cpu)
 	}
+	b.WriteString(r.clusterMarkdown())
 	return b.String()
 }
 

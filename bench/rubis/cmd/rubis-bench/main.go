@@ -107,6 +107,8 @@ type bench struct {
 	// phpReads is the running PHP mode's reads by source (php-larder's
 	// front; nil otherwise).
 	phpReads func() map[string]int64
+
+	pgStatsState // --app-servers (cluster.go)
 }
 
 func run() error {
@@ -222,6 +224,11 @@ func run() error {
 	}
 	machine := fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode; "+
 		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v; NOW() in SQL: %v", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow)
+	note, err := checkCluster(modeList)
+	if err != nil {
+		return err
+	}
+	machine += note
 	var variants []variant
 	for _, mode := range modeList {
 		if u, ok := urls[mode]; ok {
@@ -315,6 +322,9 @@ func (b *bench) measure(ctx context.Context, vr variant, round, repeats int) ([]
 // serveMode serves the application of a variant: the Go application in
 // this process, or the PHP one (php.go).
 func (b *bench) serveMode(ctx context.Context, vr variant) (string, func(), error) {
+	if appServers > 1 {
+		return b.serveCluster(ctx, vr)
+	}
 	if isPHPMode(vr.mode) {
 		base, stop, reads, err := b.servePHP(ctx, vr)
 		if err != nil {
@@ -354,6 +364,9 @@ func (b *bench) open(mode, label string) (*sql.DB, error) {
 // reads returns the larder client's reads by source (nil in the direct
 // modes).
 func (b *bench) reads(vr variant) map[string]int64 {
+	if appServers > 1 {
+		return b.clusterReads(vr)
+	}
 	if isPHPMode(vr.mode) && b.phpReads != nil {
 		return b.phpReads()
 	}
