@@ -19,6 +19,11 @@ import (
 // results, a small part of an application server's memory.
 const DefaultOriginRows = 64 << 20
 
+// OriginRowsNone (Config.OriginRows, DSN larder.origin-rows=0) keeps no
+// row store: the origin sends every row verbatim, with the whole-result
+// hash still checked. The baseline that shows what recipes save.
+const OriginRowsNone = -1
+
 // OriginStats are what an edge's misses through an origin cost.
 type OriginStats struct {
 	// Statements run at the origin.
@@ -67,8 +72,10 @@ func (c *Client) setupLoader() error {
 		c.loader = cfg.Loader
 	case cfg.Origin != "":
 		budget := recipe.DefaultConfig()
-		budget.MaxBytes = cfg.OriginRows
-		if budget.MaxBytes <= 0 {
+		switch budget.MaxBytes = cfg.OriginRows; {
+		case budget.MaxBytes < 0:
+			budget.MaxBytes = 0 // holds nothing: every row verbatim
+		case budget.MaxBytes == 0:
 			budget.MaxBytes = DefaultOriginRows
 		}
 		store, err := recipe.NewRowStore(budget)
