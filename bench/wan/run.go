@@ -24,6 +24,7 @@ import (
 	"github.com/larderdb/larder/bench/rubis/mix"
 	"github.com/larderdb/larder/cache-node/daemon"
 	"github.com/larderdb/larder/cache-node/origin"
+	"github.com/larderdb/larder/cache-node/store"
 	larder "github.com/larderdb/larder/client-lib"
 	"github.com/larderdb/larder/internal/pki"
 )
@@ -346,6 +347,9 @@ func (h *harness) startEdge(ctx context.Context, s Setting, mode string) (*edge,
 		// bulk transfer: more patience than on a LAN.
 		q.Set("larder.pin-verify-timeout", "5s")
 		q.Set("larder.pin-silence", "3s")
+		// The edge's cache-node is local, but the machine's cores may be
+		// shared: a lookup is not given up for a slow scheduler.
+		q.Set("larder.node-timeout", "1s")
 		q.Set("application_name", "wan-"+s.Name+"-"+mode+"-"+fmt.Sprint(time.Now().UnixNano()))
 		u.RawQuery = q.Encode()
 		e.dsn = u.String()
@@ -366,8 +370,10 @@ func (h *harness) startEdge(ctx context.Context, s Setting, mode string) (*edge,
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/Listing", listing(e.db, h.cfg.Staleness))
-	// Each emulated user carries its read-your-writes session in a cookie.
+	// Each emulated user carries its read-your-writes session in a cookie
+	// (without one, a read would wait for every user's writes: the
+	// client's own session).
+	mux.Handle("/Listing", larder.HTTPSessions(listing(e.db, h.cfg.Staleness)))
 	mux.Handle("/", larder.HTTPSessions(a.Handler()))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -521,7 +527,10 @@ func (h *harness) reads(e *edge) map[string]int64 {
 		return nil
 	}
 	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load(),
-		"fresh-snapshots": st.NowSnapshots.Load(), "tx-fallbacks": st.Fallbacks.Load()}
+		"fresh-snapshots": st.NowSnapshots.Load(), "tx-fallbacks": st.Fallbacks.Load(), "node-lookups": st.NodeLookups.Load(), "uncacheable": st.Uncacheable.Load(),
+		"miss-compulsory": st.NodeMisses[store.MissCompulsory].Load(), "miss-staleness": st.NodeMisses[store.MissStaleness].Load(),
+		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load(),
+		"node-errors": st.NodeErrors.Load(), "node-timeouts": st.NodeTimeouts.Load(), "node-bypassed": st.NodeBypassed.Load()}
 }
 
 // modeLabel is a mode's description for reports.
