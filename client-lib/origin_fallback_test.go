@@ -225,3 +225,16 @@ func TestDSNOriginRowsNone(t *testing.T) {
 		t.Fatalf("origin-rows=0: %d, want OriginRowsNone", cfg.OriginRows)
 	}
 }
+
+func TestPoolSized(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u@h:5432/db?sslmode=disable": "postgres://u@h:5432/db?pool_max_conns=64&sslmode=disable",
+		"postgres://u@h/db?pool_max_conns=8":     "postgres://u@h/db?pool_max_conns=8",
+		"host=h dbname=db":                       "host=h dbname=db pool_max_conns=64",
+		"host=h dbname=db pool_max_conns=3":      "host=h dbname=db pool_max_conns=3",
+	} {
+		if got := PoolSized(in, 64); got != want {
+			t.Errorf("%s: %s, want %s", in, got, want)
+		}
+	}
+}

@@ -224,11 +224,11 @@ func (h *harness) credentials() error {
 
 // startOrigin serves the origin next to PostgreSQL, in this process.
 func (h *harness) startOrigin(ctx context.Context) (func(), error) {
-	oc, err := larder.OpenPinned(ctx, h.cfg.PGURL, nil)
+	ocfg := origin.DefaultConfig()
+	oc, err := larder.OpenPinned(ctx, larder.PoolSized(h.cfg.PGURL, ocfg.MaxSessions), nil)
 	if err != nil {
 		return nil, err
 	}
-	ocfg := origin.DefaultConfig()
 	ocfg.Log = h.cfg.Log
 	srv, err := origin.New(ocfg, oc.OriginBackend(), h.serverTLS)
 	if err != nil {
