@@ -9,7 +9,7 @@ STATICCHECK := $(GOBIN)/staticcheck
 # One go test over every package keeps the build cache warm; 2 packages at a time fits 2 cores.
 GOTEST_FLAGS ?= -count=1 -timeout 25m -p 2
 
-.PHONY: all deps test lint fmt-check vet staticcheck gotest demo up clean history bench-rubis
+.PHONY: all deps test lint fmt-check vet staticcheck gotest demo up clean history bench-rubis bench-wan
 
 all: test
 
@@ -57,6 +57,16 @@ history: deps
 BENCH_ARGS ?=
 bench-rubis: deps
 	bash bench/rubis/bench.sh --repeats 3 $(BENCH_ARGS)
+
+# Larder over an emulated WAN (bench/wan): RUBiS's browsing and bidding mixes
+# and a data-heavy listing at 5 Mb/s / 66 ms, 20 Mb/s / 33 ms and 100 Mb/s / 0,
+# edge app → (a) PostgreSQL across the link, (b) Larder with the origin sending
+# rows verbatim, (c) with recipes; a site of its own in $(BENCH_DIR)/wan (the
+# ports of bench-rubis). The report goes to bench/wan/results. WAN_ARGS passes
+# flags to wan-bench (see its -help).
+WAN_ARGS ?=
+bench-wan: deps
+	$(GO) run ./bench/wan/cmd/wan-bench --dir $${BENCH_DIR:-.larder-bench}/wan --pg-port $${BENCH_PG_PORT:-25432} --nats-port $${BENCH_NATS_PORT:-24222} --out bench/wan/results $(WAN_ARGS)
 
 # The main job: the local stack with two cache-nodes in an overlay, one round
 # trip through the cache, a key read through one node from its master on the

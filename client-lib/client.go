@@ -114,7 +114,8 @@ type Config struct {
 	// uses the node's files for both).
 	OriginTLS *tls.Config
 	// OriginRows is the byte budget of the edge's row store, which
-	// resolves the recipes' references (default DefaultOriginRows).
+	// resolves the recipes' references (default DefaultOriginRows;
+	// OriginRowsNone: no row store, every row comes verbatim).
 	OriginRows int64
 	// OriginEdgeID names this client to the origin, which models its row
 	// store under that name (default: random, per client).

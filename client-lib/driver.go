@@ -214,8 +214,10 @@ func ParseDSN(dsn string) (Config, error) {
 			}
 			cfg.Origin = v
 		case "larder.origin-rows":
-			if cfg.OriginRows, err = bytesize.Parse(v); err != nil || cfg.OriginRows <= 0 {
-				return cfg, fmt.Errorf("larder: larder.origin-rows=%q: want a byte count such as 64MiB", v)
+			if cfg.OriginRows, err = bytesize.Parse(v); err != nil || cfg.OriginRows < 0 {
+				return cfg, fmt.Errorf("larder: larder.origin-rows=%q: want a byte count such as 64MiB (0: none)", v)
+			} else if cfg.OriginRows == 0 {
+				cfg.OriginRows = OriginRowsNone
 			}
 		case "larder.origin-edge":
 			cfg.OriginEdgeID = v

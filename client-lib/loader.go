@@ -27,6 +27,14 @@ type LoadRequest struct {
 	// cached under: a Loader that would read as another role or with
 	// other settings refuses (ErrLoaderUnavailable).
 	Scope string
+	// Session: the transaction is a database/sql connection's (its
+	// settings live on that connection). The Loader runs it only in
+	// Scope, and refuses statements that may change the session's state
+	// (they would change the Loader's session, not the connection's).
+	Session bool
+	// SearchPath is the session's resolved search path, for the
+	// analyzer that tells such statements apart.
+	SearchPath []string
 }
 
 // Loader is the seam between a read-only transaction and where its misses
@@ -71,14 +79,17 @@ type PinnedTx interface {
 var ErrLoaderUnavailable = errors.New("larder: the loader cannot take the transaction")
 
 // beginAt begins the transaction's PostgreSQL part at pin: through the
-// client's Loader when it has one and the transaction runs on the pool
-// (a database/sql session's settings live on its own connection), else
-// on a connection (begin).
+// client's Loader when it has one, else on a connection (begin). A
+// database/sql session's transaction goes through the Loader too when the
+// Loader reads in the session's scope (same role and settings: the
+// Loader compares the scope's key); otherwise it begins on the session's
+// own connection.
 func (t *ROTx) beginAt(ctx context.Context, pin invalidation.Pin, tables []string) error {
-	if t.c.loader == nil || t.session != nil {
+	if t.c.loader == nil || (t.session != nil && t.scope.key == "") {
 		return t.begin(ctx, pin.SnapshotID, pin.LSN, tables)
 	}
-	tx, err := t.c.loader.BeginAt(ctx, LoadRequest{Pin: Pin{SnapshotID: pin.SnapshotID, LSN: pin.LSN}, Tables: tables, SQLFormats: t.sqlFormats, Scope: t.scope.key})
+	tx, err := t.c.loader.BeginAt(ctx, LoadRequest{Pin: Pin{SnapshotID: pin.SnapshotID, LSN: pin.LSN}, Tables: tables, SQLFormats: t.sqlFormats,
+		Scope: t.scope.key, Session: t.session != nil, SearchPath: t.scope.path})
 	if err == nil {
 		t.remote = tx
 		return nil

@@ -19,6 +19,11 @@ import (
 // results, a small part of an application server's memory.
 const DefaultOriginRows = 64 << 20
 
+// OriginRowsNone (Config.OriginRows, DSN larder.origin-rows=0) keeps no
+// row store: the origin sends every row verbatim, with the whole-result
+// hash still checked. The baseline that shows what recipes save.
+const OriginRowsNone = -1
+
 // OriginStats are what an edge's misses through an origin cost.
 type OriginStats struct {
 	// Statements run at the origin.
@@ -67,8 +72,10 @@ func (c *Client) setupLoader() error {
 		c.loader = cfg.Loader
 	case cfg.Origin != "":
 		budget := recipe.DefaultConfig()
-		budget.MaxBytes = cfg.OriginRows
-		if budget.MaxBytes <= 0 {
+		switch budget.MaxBytes = cfg.OriginRows; {
+		case budget.MaxBytes < 0:
+			budget.MaxBytes = 0 // holds nothing: every row verbatim
+		case budget.MaxBytes == 0:
 			budget.MaxBytes = DefaultOriginRows
 		}
 		store, err := recipe.NewRowStore(budget)
@@ -135,7 +142,7 @@ func (l *originLoader) BeginAt(ctx context.Context, req LoadRequest) (PinnedTx, 
 	if err != nil {
 		return nil, l.unavailable(originError(err))
 	}
-	return &originTx{l: l, s: s}, nil
+	return &originTx{l: l, s: s, session: req.Session, path: req.SearchPath}, nil
 }
 
 // unavailable marks the begin errors after which the transaction can
@@ -168,7 +175,18 @@ func originError(err error) error {
 type originTx struct {
 	l *originLoader
 	s *origin.Session
+	// session: a database/sql connection's transaction, whose session
+	// state the origin cannot carry back (path: its search path).
+	session bool
+	path    []string
 }
+
+// ErrSessionChangeAtOrigin: inside a database/sql read-only transaction
+// run through an origin, a statement that may change the session's state
+// (set_config, a function not known to leave it alone). It would change
+// the origin's session, not the connection's: it is refused, and runs as
+// it should outside the read-only transaction.
+var ErrSessionChangeAtOrigin = errors.New("larder: a statement that may change the session's settings cannot run inside a read-only transaction through the origin")
 
 func (t *originTx) Hold(ctx context.Context, tables []string) error {
 	return originError(t.s.Hold(ctx, tables))
@@ -176,6 +194,12 @@ func (t *originTx) Hold(ctx context.Context, tables []string) error {
 
 func (t *originTx) Query(ctx context.Context, sql string, args []any) (*Result, error) {
 	l := t.l
+	if t.session {
+		tpl, err := l.c.keying.Load().analyzer(t.path).Prepare(sql)
+		if err != nil || !(tpl.Cacheable || tpl.SessionNeutral) {
+			return nil, ErrSessionChangeAtOrigin
+		}
+	}
 	msg, err := t.s.Query(ctx, &origin.Query{SQL: sql, Args: args})
 	if err != nil {
 		return nil, originError(err)
@@ -198,3 +222,19 @@ func (t *originTx) Query(ctx context.Context, sql string, args []any) (*Result, 
 }
 
 func (t *originTx) End(ctx context.Context) error { return t.s.End(ctx) }
+
+// DriverOriginStats returns OriginStats of the Client behind a DSN opened
+// with the larder driver, if it was opened in this process.
+func DriverOriginStats(dsn string) (OriginStats, bool) {
+	d, ok := registered.(*Driver)
+	if !ok {
+		return OriginStats{}, false
+	}
+	d.mu.Lock()
+	cl := d.clients[dsn]
+	d.mu.Unlock()
+	if cl == nil {
+		return OriginStats{}, false
+	}
+	return cl.OriginStats(), true
+}

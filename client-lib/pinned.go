@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,4 +80,24 @@ func toOrigin(err error) error {
 		return fmt.Errorf("%v: %w", err, origin.ErrScope)
 	}
 	return err
+}
+
+// PoolSized returns postgresURL with its pool bounded at n connections
+// (pgxpool's pool_max_conns) unless the URL sets it. An origin holds a
+// connection per open edge transaction for the transaction's whole
+// length, WAN round trips included: its pool must match its session
+// bound, not pgxpool's default (the number of CPUs).
+func PoolSized(postgresURL string, n int) string {
+	if n <= 0 || strings.Contains(postgresURL, "pool_max_conns") {
+		return postgresURL
+	}
+	u, err := url.Parse(postgresURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		// A keyword/value connection string.
+		return postgresURL + " pool_max_conns=" + strconv.Itoa(n)
+	}
+	q := u.Query()
+	q.Set("pool_max_conns", strconv.Itoa(n))
+	u.RawQuery = q.Encode()
+	return u.String()
 }

@@ -637,6 +637,42 @@ func (n *Node) sendMarker() {
 	n.events <- n.marker
 }
 
+// maxConfirmBatch bounds the groups one confirmation asks JetStream about
+// when queued batches are merged.
+const maxConfirmBatch = 256
+
+// mergeQueued adds the batches already queued behind batch to it (each
+// group once), up to maxConfirmBatch groups: one JetStream round trip
+// then confirms them all. Each batch's groups were proved subscribed
+// before it was queued, so reading their last messages later is what
+// waiting in the queue did anyway. A node far from the JetStream server
+// (a leaf node across a WAN) would otherwise spend a round trip per
+// heartbeat's batch and fall behind the heartbeats, leaving new versions
+// unserved.
+func (n *Node) mergeQueued(batch []*group) []*group {
+	seen := make(map[*group]bool, len(batch))
+	out := batch[:0:0]
+	add := func(gs []*group) {
+		for _, g := range gs {
+			if !seen[g] {
+				seen[g] = true
+				out = append(out, g)
+			}
+		}
+	}
+	add(batch)
+	for len(out) < maxConfirmBatch {
+		select {
+		case more := <-n.confirmCh:
+			add(more)
+			continue
+		default:
+		}
+		break
+	}
+	return out
+}
+
 // confirmLoop asks JetStream, for each group whose subscription is proved
 // effective, for its last invalidation, then confirms the versions that
 // waited for it.
@@ -654,6 +690,7 @@ func (n *Node) confirmLoop(ctx context.Context) {
 			return
 		case batch = <-n.confirmCh:
 		}
+		batch = n.mergeQueued(batch)
 		if stream == nil {
 			if stream, err = n.js.Stream(ctx, name); err != nil {
 				n.retryLater(batch, err)

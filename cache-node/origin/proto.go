@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"reflect"
 	"time"
 
 	"github.com/larderdb/larder/internal/wire"
@@ -168,11 +169,18 @@ const (
 	argInts
 	argStrings
 	argFloat32
+	argFloats
+	argBools
+	argByteses
+	argUUID
 )
 
 // AppendArgs encodes statement arguments: nil, bool, the integer and
-// float kinds, string, []byte, time.Time, []int64/[]int32/[]int/[]string
-// (for = ANY($n)) and driver.Valuer (by its value). The origin passes them
+// float kinds, string, []byte, time.Time, []int64/[]int32/[]int/[]string,
+// []float64/[]float32, []bool, [][]byte (for = ANY($n)), [16]byte (a
+// UUID), driver.Valuer (by its value), pointers to any of these (nil: a
+// NULL) and named types whose kind is one of the scalar ones (by that
+// kind). The origin passes them
 // to pgx as the same Go values (integers as int64), so they encode to the
 // same parameters.
 func AppendArgs(dst []byte, as []any) ([]byte, error) {
@@ -252,15 +260,72 @@ func appendArg(dst []byte, a any, depth int) ([]byte, error) {
 			dst = wire.AppendString(dst, x)
 		}
 		return dst, nil
+	case []float64:
+		dst = binary.AppendUvarint(append(dst, argFloats), uint64(len(v)))
+		for _, x := range v {
+			dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(x))
+		}
+		return dst, nil
+	case []float32:
+		// Exact: every float32 is a float64.
+		dst = binary.AppendUvarint(append(dst, argFloats), uint64(len(v)))
+		for _, x := range v {
+			dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(float64(x)))
+		}
+		return dst, nil
+	case []bool:
+		dst = binary.AppendUvarint(append(dst, argBools), uint64(len(v)))
+		for _, x := range v {
+			b := byte(0)
+			if x {
+				b = 1
+			}
+			dst = append(dst, b)
+		}
+		return dst, nil
+	case [][]byte:
+		dst = binary.AppendUvarint(append(dst, argByteses), uint64(len(v)))
+		for _, x := range v {
+			dst = wire.AppendBytes(dst, x)
+		}
+		return dst, nil
+	case [16]byte:
+		return append(append(dst, argUUID), v[:]...), nil
 	case driver.Valuer:
 		if depth > 0 {
 			break
+		}
+		if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer && rv.IsNil() {
+			return append(dst, argNil), nil // as database/sql does
 		}
 		val, err := v.Value()
 		if err != nil {
 			return dst, err
 		}
 		return appendArg(dst, val, depth+1)
+	}
+	if depth < 4 {
+		// A pointer (NULL when nil), or a named type of a scalar kind.
+		rv := reflect.ValueOf(a)
+		switch rv.Kind() {
+		case reflect.Pointer:
+			if rv.IsNil() {
+				return append(dst, argNil), nil
+			}
+			return appendArg(dst, rv.Elem().Interface(), depth+1)
+		case reflect.Bool:
+			return appendArg(dst, rv.Bool(), depth+1)
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			return appendArg(dst, rv.Int(), depth+1)
+		case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			return appendArg(dst, rv.Uint(), depth+1)
+		case reflect.Float32:
+			return appendArg(dst, float32(rv.Float()), depth+1)
+		case reflect.Float64:
+			return appendArg(dst, rv.Float(), depth+1)
+		case reflect.String:
+			return appendArg(dst, rv.String(), depth+1)
+		}
 	}
 	return dst, fmt.Errorf("%w: %T", ErrArgs, a)
 }
@@ -313,6 +378,38 @@ func args(d *wire.Decoder) []any {
 				xs = append(xs, d.String("string"))
 			}
 			as = append(as, xs)
+		case argFloats:
+			m := d.Count("floats", 8)
+			xs := make([]float64, 0, m)
+			for j := 0; j < m && d.Err == nil; j++ {
+				if b := fixed(d, 8); b != nil {
+					xs = append(xs, math.Float64frombits(binary.BigEndian.Uint64(b)))
+				}
+			}
+			as = append(as, xs)
+		case argBools:
+			m := d.Count("booleans", 1)
+			xs := make([]bool, 0, m)
+			for j := 0; j < m && d.Err == nil; j++ {
+				switch b := d.Byte("boolean"); b {
+				case 0, 1:
+					xs = append(xs, b == 1)
+				default:
+					d.Fail("boolean %d", b)
+				}
+			}
+			as = append(as, xs)
+		case argByteses:
+			m := d.Count("byte strings", 1)
+			xs := make([][]byte, 0, m)
+			for j := 0; j < m && d.Err == nil; j++ {
+				xs = append(xs, append([]byte{}, d.Bytes("bytes")...))
+			}
+			as = append(as, xs)
+		case argUUID:
+			if b := fixed(d, 16); b != nil {
+				as = append(as, [16]byte(b))
+			}
 		default:
 			d.Fail("unknown argument tag %d", tag)
 		}

@@ -12,10 +12,16 @@ const (
 	RoleInvalidator Role = "invalidator"
 	RoleCacheNode   Role = "cache-node"
 	RoleClient      Role = "client"
+	// RoleLeaf is a leaf node's connection to the hub: an edge site's
+	// NATS server, whose own users are the edge's cache-nodes and
+	// clients. Its permissions bound what crosses the leaf connection, as
+	// seen from the leaf: what it may publish into the hub and what the
+	// hub may deliver to it.
+	RoleLeaf Role = "leaf"
 )
 
 // Roles lists every role.
-var Roles = []Role{RoleInvalidator, RoleCacheNode, RoleClient}
+var Roles = []Role{RoleInvalidator, RoleCacheNode, RoleClient, RoleLeaf}
 
 // Permissions are a role's NATS subject permissions: the allow and deny
 // lists of publish and subscribe, and whether the user may answer
@@ -70,6 +76,18 @@ func PermissionsFor(role Role, prefix string) Permissions {
 	case RoleClient:
 		return Permissions{
 			PublishAllow:   requests(prefix),
+			SubscribeAllow: []string{prefix + ".>", "_INBOX.>"},
+			SubscribeDeny:  requests(prefix),
+		}
+	case RoleLeaf:
+		// What the edge's cache-nodes and clients may do, together: the
+		// clients' requests and the cache-nodes' reads of the stream go up,
+		// the prefix's messages and the answers come down. Nothing at the
+		// edge publishes under the prefix or into an inbox (an answer), so
+		// an edge can forge no invalidation, pin or answer at the hub.
+		client, node := PermissionsFor(RoleClient, prefix), PermissionsFor(RoleCacheNode, prefix)
+		return Permissions{
+			PublishAllow:   append(append([]string{}, client.PublishAllow...), node.PublishAllow...),
 			SubscribeAllow: []string{prefix + ".>", "_INBOX.>"},
 			SubscribeDeny:  requests(prefix),
 		}

@@ -22,7 +22,9 @@ func Charge(n int) int64 { return int64(n) + RowOverhead }
 // with it, and any difference only costs refetches.
 type Config struct {
 	// MaxBytes bounds the sum of Charge(len(row)) over the rows held.
-	// A row whose charge alone exceeds it is never held.
+	// A row whose charge alone exceeds it is never held. Zero holds
+	// nothing: every row travels verbatim (the whole-result hash is still
+	// sent and checked), the "no recipes" baseline.
 	MaxBytes int64
 	// MaxRows bounds the number of rows held. It also bounds the
 	// origin's memory for the edge: a Tracker keeps about 80 bytes per
@@ -41,10 +43,11 @@ func DefaultConfig() Config {
 	return Config{MaxBytes: 256 << 20, MaxRows: 1 << 20}
 }
 
-// Validate reports a budget that cannot hold a row.
+// Validate reports a budget that cannot hold a row (other than zero,
+// which holds none on purpose).
 func (c Config) Validate() error {
-	if c.MaxBytes < Charge(MinStoredRow) {
-		return fmt.Errorf("%w: MaxBytes %d is below one row's charge (%d)", ErrConfig, c.MaxBytes, Charge(MinStoredRow))
+	if c.MaxBytes != 0 && c.MaxBytes < Charge(MinStoredRow) {
+		return fmt.Errorf("%w: MaxBytes %d is neither 0 nor at least one row's charge (%d)", ErrConfig, c.MaxBytes, Charge(MinStoredRow))
 	}
 	if c.MaxRows < 1 || c.MaxRows > maxRowsLimit {
 		return fmt.Errorf("%w: MaxRows %d is not in [1, %d]", ErrConfig, c.MaxRows, maxRowsLimit)

@@ -592,3 +592,47 @@ func TestConcurrentDeliveriesStayCorrect(t *testing.T) {
 		t.Errorf("store stats %+v", s)
 	}
 }
+
+// A zero budget holds nothing: every row travels verbatim, both sides
+// agree, and the result is still verified.
+func TestZeroBudgetSendsEveryRowVerbatim(t *testing.T) {
+	cfg := Config{MaxBytes: 0, MaxRows: 1}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := (Config{MaxBytes: 100, MaxRows: 1}).Validate(); err == nil {
+		t.Fatal("a budget below one row's charge was accepted")
+	}
+	got, err := ParseReset(AppendReset(nil, cfg))
+	if err != nil || got != cfg {
+		t.Fatalf("reset round trip: %+v, %v", got, err)
+	}
+	tr, err := NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := NewRowStore(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := Result{Header: []byte("header"), Rows: [][]byte{bytes.Repeat([]byte("a"), 64), bytes.Repeat([]byte("b"), 64)}}
+	for range 2 {
+		msg := tr.AppendRecipe(nil, res)
+		out, err := st.Decode(context.Background(), msg, OriginFunc(func(context.Context, Refetch) ([]byte, error) {
+			t.Fatal("a refetch with nothing held")
+			return nil, nil
+		}), DefaultLimits())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Rows) != 2 || !bytes.Equal(out.Rows[1], res.Rows[1]) {
+			t.Fatal("rows differ")
+		}
+	}
+	if s := tr.Stats(); s.RowsReferenced != 0 || s.RowsVerbatim != 4 {
+		t.Fatalf("tracker: %+v", s)
+	}
+	if s := st.Stats(); s.Rows != 0 {
+		t.Fatalf("store holds %d rows", s.Rows)
+	}
+}

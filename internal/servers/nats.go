@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -35,6 +36,27 @@ type NATSConfig struct {
 	// authenticates with its nkey and may use only the subjects its
 	// permissions allow. Empty admits anyone (tests of other things).
 	Users []NATSUser
+	// LeafPort, when positive, makes the server a hub: it accepts leaf
+	// node connections on 127.0.0.1:LeafPort. A leaf authenticates as one
+	// of Users (invalidation.RoleLeaf), whose permissions bound what
+	// crosses, as seen from the leaf.
+	LeafPort int
+	// Leaf, when set, makes the server a leaf node of a hub (embedded
+	// only): it runs without JetStream (its clients' JetStream requests go
+	// to the hub's) and only the subjects its clients subscribe to cross
+	// from the hub (interest-based). Its own clients authenticate as
+	// Users.
+	Leaf *NATSLeaf
+}
+
+// NATSLeaf is a leaf node's connection to its hub.
+type NATSLeaf struct {
+	// URL is the hub's leaf node address (nats-leaf://host:port or
+	// nats://host:port).
+	URL string
+	// Seed is the file holding the nkey seed the leaf authenticates with
+	// (the hub's RoleLeaf user); empty for a hub without users.
+	Seed string
 }
 
 // NATSUser is a NATS user that authenticates with an nkey (the public
@@ -61,7 +83,7 @@ func (u NATSUser) permissions() *server.Permissions {
 
 // natsConfigFile is the users' part of a nats-server configuration file
 // (JSON is valid NATS configuration syntax).
-func natsConfigFile(users []NATSUser) ([]byte, error) {
+func natsConfigFile(users []NATSUser, leafPort int) ([]byte, error) {
 	type subj struct {
 		Allow []string `json:"allow,omitempty"`
 		Deny  []string `json:"deny,omitempty"`
@@ -85,7 +107,15 @@ func natsConfigFile(users []NATSUser) ([]byte, error) {
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false) // nats-server reads no \u escapes; subjects hold '>'
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(map[string]any{"authorization": map[string]any{"users": us}}); err != nil {
+	conf := map[string]any{}
+	if len(us) > 0 {
+		conf["authorization"] = map[string]any{"users": us}
+	}
+	if leafPort > 0 {
+		conf["leafnodes"] = map[string]any{"listen": "127.0.0.1:" + strconv.Itoa(leafPort)}
+		conf["default_js_domain"] = map[string]string{server.DEFAULT_GLOBAL_ACCOUNT: ""}
+	}
+	if err := enc.Encode(conf); err != nil {
 		return nil, err
 	}
 	return b.Bytes(), nil
@@ -107,12 +137,22 @@ func (c NATSConfig) Validate() error {
 	if c.StartTimeout <= 0 {
 		return errors.New("larder/servers: nats: StartTimeout must be positive")
 	}
+	if c.LeafPort < 0 || c.LeafPort > 65535 {
+		return fmt.Errorf("larder/servers: nats: bad leaf port %d", c.LeafPort)
+	}
+	if c.Leaf != nil && c.Bin != "" {
+		return errors.New("larder/servers: nats: a leaf node runs embedded only")
+	}
+	if c.Leaf != nil && c.Leaf.URL == "" {
+		return errors.New("larder/servers: nats: a leaf node needs its hub's URL")
+	}
 	return nil
 }
 
 // NATS is a running NATS server with JetStream enabled. Safe for concurrent use.
 type NATS struct {
 	port     int
+	leafPort int
 	auth     bool           // users are required: ping expects to be refused
 	embedded *server.Server // nil when running a binary
 	proc     *process       // nil when embedded
@@ -146,7 +186,7 @@ func StartNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &NATS{auth: len(cfg.Users) > 0}
+	n := &NATS{auth: len(cfg.Users) > 0, leafPort: cfg.LeafPort}
 	const attempts = 3
 	for attempt := 1; ; attempt++ {
 		n.port = cfg.Port
@@ -156,8 +196,8 @@ func StartNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 			}
 		}
 		args := []string{"-a", "127.0.0.1", "-p", strconv.Itoa(n.port), "-js", "-sd", store}
-		if len(cfg.Users) > 0 {
-			conf, err := natsConfigFile(cfg.Users)
+		if len(cfg.Users) > 0 || cfg.LeafPort > 0 {
+			conf, err := natsConfigFile(cfg.Users, cfg.LeafPort)
 			if err != nil {
 				return nil, err
 			}
@@ -191,11 +231,31 @@ func startEmbeddedNATS(ctx context.Context, cfg NATSConfig, store string) (*NATS
 		ServerName: "larder-embedded",
 		Host:       "127.0.0.1",
 		Port:       port,
-		JetStream:  true,
+		JetStream:  cfg.Leaf == nil,
 		StoreDir:   store,
 		NoLog:      true,
 		NoSigs:     true,
 		// Invalidations are small; the default 1 MiB payload limit is kept.
+	}
+	if cfg.LeafPort > 0 || cfg.Leaf != nil {
+		// The hub's JetStream serves its leaves' clients (the edge's
+		// cache-nodes read the invalidation stream through the leaf) on the
+		// plain $JS.API subjects: the global account's JetStream has the
+		// default, empty, domain on both sides, so the leaf connection does
+		// not deny JetStream API traffic.
+		opts.JsAccDefaultDomain = map[string]string{server.DEFAULT_GLOBAL_ACCOUNT: ""}
+	}
+	if cfg.LeafPort > 0 {
+		opts.LeafNode.Host, opts.LeafNode.Port = "127.0.0.1", cfg.LeafPort
+	}
+	if cfg.Leaf != nil {
+		opts.ServerName = "larder-embedded-leaf"
+		remote, err := leafRemote(*cfg.Leaf)
+		if err != nil {
+			return nil, err
+		}
+		opts.LeafNode.Remotes = []*server.RemoteLeafOpts{remote}
+		opts.LeafNode.ReconnectInterval = 250 * time.Millisecond
 	}
 	for _, u := range cfg.Users {
 		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: u.Nkey, Permissions: u.permissions()})
@@ -215,7 +275,7 @@ func startEmbeddedNATS(ctx context.Context, cfg NATSConfig, store string) (*NATS
 		s.Shutdown()
 		return nil, fmt.Errorf("larder/servers: nats: unexpected listen address %v", s.Addr())
 	}
-	n := &NATS{embedded: s, port: tcp.Port, auth: len(cfg.Users) > 0}
+	n := &NATS{embedded: s, port: tcp.Port, auth: len(cfg.Users) > 0, leafPort: cfg.LeafPort}
 	if err := waitReady(ctx, nil, n.ping); err != nil {
 		s.Shutdown()
 		return nil, err
@@ -240,6 +300,52 @@ func (n *NATS) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) 
 
 // Port is the client port.
 func (n *NATS) Port() int { return n.port }
+
+// LeafURL is where a hub accepts leaf nodes ("" unless Config.LeafPort).
+func (n *NATS) LeafURL() string {
+	if n.leafPort <= 0 {
+		return ""
+	}
+	return "nats-leaf://127.0.0.1:" + strconv.Itoa(n.leafPort)
+}
+
+// LeafNodes is the number of leaf node connections of an embedded server
+// (a leaf's to its hub, a hub's from its leaves); -1 for a binary.
+func (n *NATS) LeafNodes() int {
+	if n.embedded == nil {
+		return -1
+	}
+	return n.embedded.NumLeafNodes()
+}
+
+// WaitLeaf waits until an embedded server has a leaf node connection.
+func (n *NATS) WaitLeaf(ctx context.Context) error {
+	for n.LeafNodes() < 1 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("larder/servers: nats: no leaf node connection: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// leafRemote is a leaf's remote: the hub's URL and its nkey.
+func leafRemote(l NATSLeaf) (*server.RemoteLeafOpts, error) {
+	u, err := url.Parse(l.URL)
+	if err != nil {
+		return nil, fmt.Errorf("larder/servers: nats: the hub's URL: %w", err)
+	}
+	r := &server.RemoteLeafOpts{URLs: []*url.URL{u}, DialTimeout: 5 * time.Second, FirstInfoTimeout: 5 * time.Second}
+	if l.Seed != "" {
+		seed, err := os.ReadFile(l.Seed)
+		if err != nil {
+			return nil, fmt.Errorf("larder/servers: nats: the leaf's nkey: %w", err)
+		}
+		r.Nkey = string(bytes.TrimSpace(seed))
+	}
+	return r, nil
+}
 
 // Close shuts the server down and waits for it. Idempotent.
 func (n *NATS) Close() error {

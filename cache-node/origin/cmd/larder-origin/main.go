@@ -62,7 +62,8 @@ func run(args []string, stderr io.Writer) int {
 
 func serve(ctx context.Context, cfg origin.Config, listen, pg, cert, key, clientCA string, insecure bool, metrics string, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
-	c, err := larder.OpenPinned(ctx, pg, reg)
+	// A connection per open edge transaction, up to --max-sessions.
+	c, err := larder.OpenPinned(ctx, larder.PoolSized(pg, cfg.MaxSessions), reg)
 	if err != nil {
 		return err
 	}
