@@ -5,9 +5,21 @@
 # the RUBiS tables as they are created and their tag column sets as the
 # application's clients register them: no restart. Arguments go to
 # rubis-bench (--repeats, --mode-url, --register-tag-sets=false, …: see
-# bench/rubis/README.md).
+# bench/rubis/README.md), but --pgpool, which adds mode pgpool: Pgpool-II's
+# query cache in front of the stack's PostgreSQL (pgpool.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+pgpool=
+args=()
+for a in "$@"; do
+  if [[ $a == --pgpool ]]; then pgpool=1; else args+=("$a"); fi
+done
+set -- ${args[@]+"${args[@]}"}
+if [[ -n $pgpool ]]; then
+  source bench/rubis/pgpool.sh
+  pgpool_install
+  expire=$(pgpool_expiry "$@")
+fi
 # The stack's folder and ports (beside the development stack's by default)
 # can be moved, to run two benchmarks side by side or avoid a busy port.
 dir=${BENCH_DIR:-.larder-bench}
@@ -36,11 +48,35 @@ stop_stack() {
   wait $stack 2>/dev/null || true
   stack=
 }
-trap stop_stack EXIT
+stop_all() {
+  [[ -z $pgpool ]] || pgpool_stop
+  stop_stack
+}
+trap stop_all EXIT
 # BENCH_STACK_ARGS go to the stack (`local up`): -cache-nodes 3 runs three
 # cache-nodes in an overlay, -broadcast-invalidation the broadcast ablation.
 # shellcheck disable=SC2086
 start_stack ${BENCH_STACK_ARGS:-}
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --load-only "$@"
+if [[ -n $pgpool ]]; then
+  # After the load: the same database, so no second load through Pgpool.
+  pg_url=$(set +u; source "$dir/stack.env"; printf %s "$LARDER_PG_URL")
+  pgpool_start "$dir" "$pg_url" "$expire"
+  set -- "$@" --mode-url "pgpool=$PGPOOL_URL"
+  before=$(pgpool_cache)
+fi
 # --stack-pid: the report counts the CPU of this stack's processes only.
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --skip-load --stack-pid "$stack" "$@"
+if [[ -n $pgpool ]]; then
+  after=$(pgpool_cache)
+  out=bench/rubis/results
+  prev=
+  for a in "$@"; do
+    case $a in --out=*) out=${a#*=} ;; esac
+    [[ $prev == --out ]] && out=$a
+    prev=$a
+  done
+  summary=$(printf '\n## Pgpool-II query cache (SHOW POOL_CACHE, whole run with warm-ups)\n\nmemqcache_expire %s s, shmem, load balancing off.\n\n- before: %s\n- after: %s\n' "$expire" "$before" "$after")
+  printf '%s\n' "$summary"
+  [[ ! -f $out/report.md ]] || printf '%s\n' "$summary" >> "$out/report.md"
+fi

@@ -357,10 +357,55 @@ func (b *bench) reads(vr variant) map[string]int64 {
 	if isPHPMode(vr.mode) && b.phpReads != nil {
 		return b.phpReads()
 	}
+	if u, ok := b.urls[vr.mode]; ok {
+		return queryCacheReads(u)
+	}
 	if b.direct(vr.mode) || isPHPMode(vr.mode) {
 		return nil
 	}
 	return readsOf(vr.mode, vr.label, b.env)
+}
+
+// queryCacheReads are the query-cache counters of a pooler that has one
+// (Pgpool-II's SHOW POOL_CACHE: num_cache_hits, num_selects), nil for
+// PostgreSQL itself.
+func queryCacheReads(u string) map[string]int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return nil
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SHOW POOL_CACHE", pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return nil
+	}
+	vals, err := rows.Values()
+	if err != nil {
+		return nil
+	}
+	cols := rows.FieldDescriptions()
+	m := map[string]int64{}
+	for i, c := range cols {
+		key := map[string]string{"num_cache_hits": "query-cache-hits", "num_selects": "query-cache-selects"}[c.Name]
+		if key == "" || i >= len(vals) {
+			continue
+		}
+		n, err := strconv.ParseInt(fmt.Sprint(vals[i]), 10, 64)
+		if err != nil {
+			return nil
+		}
+		m[key] = n
+	}
+	if len(m) != 2 {
+		return nil
+	}
+	return m
 }
 
 // hostOf is a PostgreSQL URL's host, port and database, without its
