@@ -6,13 +6,21 @@
 # application's clients register them: no restart. Arguments go to
 # rubis-bench (--repeats, --mode-url, --register-tag-sets=false, …: see
 # bench/rubis/README.md), but --pgpool, which adds mode pgpool: Pgpool-II's
-# query cache in front of the stack's PostgreSQL (pgpool.sh).
+# query cache in front of the stack's PostgreSQL (pgpool.sh), and
+# --pgpool-check, which runs cmd/pgpool-check (the consistency contrast of
+# Pgpool-II and Larder) on that stack and Pgpool-II instead of the benchmark,
+# the other arguments going to it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pgpool=
+check=
 args=()
 for a in "$@"; do
-  if [[ $a == --pgpool ]]; then pgpool=1; else args+=("$a"); fi
+  case $a in
+    --pgpool) pgpool=1 ;;
+    --pgpool-check) pgpool=1 check=1 ;;
+    *) args+=("$a") ;;
+  esac
 done
 set -- ${args[@]+"${args[@]}"}
 if [[ -n $pgpool ]]; then
@@ -33,7 +41,7 @@ go build -o "$dir/bin/rubis-bench" ./bench/rubis/cmd/rubis-bench
 stack=
 start_stack() {
   rm -f "$dir/stack.env"
-  "$dir/bin/local" up -dir "$dir" -pg-port "$pg_port" -nats-port "$nats_port" -redis-port "$redis_port" -cache-node-port "$node_port" -invalidator-metrics "" -cache-node-metrics "" "$@" > "$dir/stack.log" 2>&1 &
+  "$dir/bin/local" up -dir "$dir" -pg-port "$pg_port" -nats-port "$nats_port" -redis-port "$redis_port" -cache-node-port "$node_port" -invalidator-metrics "" -cache-node-metrics "" -front-port -1 -front-metrics "" "$@" > "$dir/stack.log" 2>&1 &
   stack=$!
   for _ in $(seq 1 120); do
     [[ -s "$dir/stack.env" ]] && return 0
@@ -57,6 +65,12 @@ trap stop_all EXIT
 # cache-nodes in an overlay, -broadcast-invalidation the broadcast ablation.
 # shellcheck disable=SC2086
 start_stack ${BENCH_STACK_ARGS:-}
+if [[ -n $check ]]; then
+  go build -o "$dir/bin/pgpool-check" ./bench/rubis/cmd/pgpool-check
+  pgpool_start "$dir" "$(set +u; source "$dir/stack.env"; printf %s "$LARDER_PG_URL")" "$expire"
+  "$dir/bin/pgpool-check" --env "$dir/stack.env" --pgpool "$PGPOOL_URL" "$@"
+  exit
+fi
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --load-only "$@"
 if [[ -n $pgpool ]]; then
   # After the load: the same database, so no second load through Pgpool.

@@ -16,6 +16,12 @@
 # hit-rate column gives pgpool's per measured run. Other arguments go to
 # rubis-bench.
 #
+#   bash bench/rubis/pgpool.sh --check [--staleness 30s] [--duration 65s]
+#
+# runs cmd/pgpool-check instead, on the same stack and Pgpool-II: how long
+# each cache serves a changed row, and how many transactions read a
+# combination of values that never existed (arguments go to it).
+#
 # Sourced (by bench.sh --pgpool), it only defines the functions.
 set -euo pipefail
 
@@ -158,5 +164,9 @@ pgpool_expiry() {
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  if [[ ${1:-} == --check ]]; then
+    shift
+    exec bash "$(dirname "$0")/bench.sh" --pgpool-check "$@"
+  fi
   exec bash "$(dirname "$0")/bench.sh" --pgpool "$@"
 fi
