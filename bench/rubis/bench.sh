@@ -68,7 +68,7 @@ start_stack ${BENCH_STACK_ARGS:-}
 if [[ -n $check ]]; then
   go build -o "$dir/bin/pgpool-check" ./bench/rubis/cmd/pgpool-check
   pgpool_start "$dir" "$(set +u; source "$dir/stack.env"; printf %s "$LARDER_PG_URL")" "$expire"
-  "$dir/bin/pgpool-check" --env "$dir/stack.env" --pgpool "$PGPOOL_URL" "$@"
+  "$dir/bin/pgpool-check" --env "$dir/stack.env" --pgpool "$PGPOOL_APP_URL" "$@"
   exit
 fi
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --load-only "$@"
@@ -76,7 +76,7 @@ if [[ -n $pgpool ]]; then
   # After the load: the same database, so no second load through Pgpool.
   pg_url=$(set +u; source "$dir/stack.env"; printf %s "$LARDER_PG_URL")
   pgpool_start "$dir" "$pg_url" "$expire"
-  set -- "$@" --mode-url "pgpool=$PGPOOL_URL"
+  set -- "$@" --mode-url "pgpool=$PGPOOL_APP_URL"
   before=$(pgpool_cache)
 fi
 # --stack-pid: the report counts the CPU of this stack's processes only.

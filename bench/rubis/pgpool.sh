@@ -47,8 +47,8 @@ pgpool_install() {
 }
 
 # pgpool_start DIR PG_URL EXPIRE_SECONDS starts Pgpool-II in front of the
-# PostgreSQL at PG_URL, its files in DIR/pgpool, and sets PGPOOL_URL and
-# PGPOOL_PID.
+# PostgreSQL at PG_URL, its files in DIR/pgpool, and sets PGPOOL_URL (for
+# psql), PGPOOL_APP_URL (for the Go programs) and PGPOOL_PID.
 pgpool_start() {
   local dir=$1 pg_url=$2 expire=$3
   local port=${BENCH_PGPOOL_PORT:-25999}
@@ -99,6 +99,8 @@ health_check_period = 0
 sr_check_period = 0
 failover_on_backend_error = off
 memory_cache_enabled = on
+# pgpool's own catalog look-ups are not counted in SHOW POOL_CACHE's hits.
+enable_shared_relcache = off
 memqcache_method = 'shmem'
 memqcache_total_size = 268435456
 memqcache_max_num_cache = 1000000
@@ -115,6 +117,12 @@ EOF
   pgpool -n -D -f "$p/pgpool.conf" -F "$p/pcp.conf" -a "$p/pool_hba.conf" > "$p/log/pgpool.log" 2>&1 &
   PGPOOL_PID=$!
   PGPOOL_URL="postgres://$user@127.0.0.1:$port/$db?sslmode=disable"
+  # pgx's default runs each query as a named prepared statement, parsed once
+  # per connection: Pgpool-II 4.3 then registers almost no results (a
+  # statement re-executed by Bind and Execute alone is not cached), so the
+  # Go programs parse each query anew (unnamed statements, descriptions
+  # cached in the client), as Pgpool-II's cache expects.
+  PGPOOL_APP_URL="$PGPOOL_URL&default_query_exec_mode=cache_describe"
   for _ in $(seq 1 60); do
     if psql -X -q -A -t "$PGPOOL_URL" -c 'SELECT 1' > /dev/null 2>&1; then
       echo "pgpool.sh: Pgpool-II $(pgpool --version 2>&1 | awk '{print $3}') on 127.0.0.1:$port (query cache: shmem, expiry ${expire} s; log $p/log/pgpool.log)" >&2

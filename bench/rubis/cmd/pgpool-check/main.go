@@ -30,7 +30,7 @@ func main() {
 
 func run() error {
 	envFile := flag.String("env", ".larder-bench/stack.env", "the local stack's env file (LARDER_PG_URL, LARDER_DSN)")
-	pgpoolURL := flag.String("pgpool", "postgres://postgres@127.0.0.1:25999/postgres?sslmode=disable", "the Pgpool-II in front of the stack's PostgreSQL")
+	pgpoolURL := flag.String("pgpool", "postgres://postgres@127.0.0.1:25999/postgres?sslmode=disable&default_query_exec_mode=cache_describe", "the Pgpool-II in front of the stack's PostgreSQL (unnamed statements: Pgpool-II caches few results of re-executed named ones)")
 	staleness := flag.Duration("staleness", 30*time.Second, "Larder's staleness limit (the same as Pgpool-II's memqcache_expire for a fair contrast)")
 	duration := flag.Duration("duration", 20*time.Second, "time each mixed-read run lasts")
 	readers := flag.Int("readers", 4, "concurrent reading clients in the mixed-read runs")
