@@ -78,11 +78,13 @@ if [[ -n $pgpool ]]; then
   pgpool_start "$dir" "$pg_url" "$expire"
   set -- "$@" --mode-url "pgpool=$PGPOOL_APP_URL"
   before=$(pgpool_cache)
+  cpu_before=$(pgpool_cpu)
 fi
 # --stack-pid: the report counts the CPU of this stack's processes only.
 "$dir/bin/rubis-bench" --env "$dir/stack.env" --skip-load --stack-pid "$stack" "$@"
 if [[ -n $pgpool ]]; then
   after=$(pgpool_cache)
+  cpu=$(awk -v a="$cpu_before" -v b="$(pgpool_cpu)" 'BEGIN {printf "%.1f", b - a}')
   out=bench/rubis/results
   prev=
   for a in "$@"; do
@@ -90,7 +92,7 @@ if [[ -n $pgpool ]]; then
     [[ $prev == --out ]] && out=$a
     prev=$a
   done
-  summary=$(printf '\n## Pgpool-II query cache (SHOW POOL_CACHE, whole run with warm-ups)\n\nmemqcache_expire %s s, shmem, load balancing off.\n\n- before: %s\n- after: %s\n' "$expire" "$before" "$after")
+  summary=$(printf '\n## Pgpool-II query cache (SHOW POOL_CACHE, whole run with warm-ups)\n\nmemqcache_expire %s s, shmem, load balancing off. Pgpool-II'"'"'s own processes (not in the CPU column above) used %s CPU-seconds over the run (its mode'"'"'s warm-ups and measured runs; idle otherwise).\n\n- before: %s\n- after: %s\n' "$expire" "$cpu" "$before" "$after")
   printf '%s\n' "$summary"
   [[ ! -f $out/report.md ]] || printf '%s\n' "$summary" >> "$out/report.md"
 fi

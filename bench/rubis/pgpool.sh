@@ -151,6 +151,17 @@ pgpool_cache() {
     awk '{printf "num_cache_hits %s, num_selects %s, cache_hit_ratio %s, used_cache_entries %s (%s bytes)\n", $1, $2, $3, $6, $7}'
 }
 
+# pgpool_cpu prints the CPU seconds Pgpool-II's processes (the main one and
+# its children, which live as long as it does here) have used.
+pgpool_cpu() {
+  local tck pids
+  tck=$(getconf CLK_TCK)
+  pids=$(ps -o pid= --ppid "$PGPOOL_PID" 2> /dev/null | tr -d ' ')
+  for p in $PGPOOL_PID $pids; do
+    cat "/proc/$p/stat" 2> /dev/null
+  done | sed 's/^.*) //' | awk -v t="$tck" '{s += $12 + $13} END {printf "%.1f\n", s / t}'
+}
+
 # pgpool_expiry is the --staleness of rubis-bench's arguments (the first of
 # a sweep; 30 s by default), in whole seconds.
 pgpool_expiry() {
