@@ -1,8 +1,14 @@
 // Command pgpool-check contrasts what Pgpool-II's in-memory query cache and
 // Larder return after writes, on the same PostgreSQL (a local stack's, with
-// a Pgpool-II in front of it: bench/rubis/pgpool.sh starts both).
+// a Pgpool-II in front of it).
 //
-//	go run ./bench/rubis/cmd/pgpool-check --env .larder-bench/stack.env --pgpool postgres://postgres@127.0.0.1:25999/postgres?sslmode=disable
+//	bash bench/rubis/pgpool.sh --check --duration 65s
+//
+// starts both (bench.sh's stack, a Pgpool-II with memqcache_expire the
+// --staleness, 30 s) and runs it; on a running pair:
+//
+//	go run ./bench/rubis/cmd/pgpool-check --env .larder-bench/stack.env \
+//	  --pgpool 'postgres://postgres@127.0.0.1:25999/postgres?sslmode=disable&default_query_exec_mode=cache_describe'
 //
 // Staleness: a row is read until cached, then changed on PostgreSQL (as
 // another application, a migration or psql would) or through Pgpool-II;
