@@ -27,6 +27,8 @@ set -euo pipefail
 
 # pgpool_install installs Debian's pgpool2 unless pgpool is on the PATH.
 pgpool_install() {
+  # Debian installs it in /usr/sbin, which a user's PATH may lack.
+  [[ ":$PATH:" == *:/usr/sbin:* ]] || PATH=$PATH:/usr/sbin
   command -v pgpool > /dev/null && return 0
   if ! command -v apt-get > /dev/null; then
     echo "pgpool.sh: pgpool is not installed and there is no apt-get: install Pgpool-II 4.x (pgpool on the PATH)" >&2

@@ -152,7 +152,7 @@ func run() error {
 		// The stack's PostgreSQL, and the same data on every other one.
 		targets := []string{env["LARDER_PG_URL"]}
 		for _, u := range sortedValues(urls) {
-			if u != env["LARDER_PG_URL"] {
+			if u != env["LARDER_PG_URL"] && !sameServer(ctx, u, env["LARDER_PG_URL"]) {
 				targets = append(targets, u)
 			}
 		}
@@ -225,7 +225,11 @@ func run() error {
 	var variants []variant
 	for _, mode := range modeList {
 		if u, ok := urls[mode]; ok {
-			machine += fmt.Sprintf("; mode %s on the PostgreSQL at %s (not pinned; its CPU not counted)", mode, hostOf(u))
+			if sameServer(ctx, u, env["LARDER_PG_URL"]) {
+				machine += fmt.Sprintf("; mode %s through %s, a pooler in front of the stack's PostgreSQL (the pooler's CPU not counted)", mode, hostOf(u))
+			} else {
+				machine += fmt.Sprintf("; mode %s on the PostgreSQL at %s (not pinned; its CPU not counted)", mode, hostOf(u))
+			}
 		}
 		for _, st := range stalenesses {
 			label := mode
@@ -623,6 +627,24 @@ func readsOf(mode, label string, env map[string]string) map[string]int64 {
 
 // postmasterPID reads the PID of PostgreSQL's postmaster from its data
 // folder's postmaster.pid.
+// sameServer reports whether two URLs reach the same PostgreSQL server
+// (one through a pooler, say): the same data folder and start time.
+func sameServer(ctx context.Context, a, b string) bool {
+	var ids [2]string
+	for i, u := range []string{a, b} {
+		conn, err := pgx.Connect(ctx, u)
+		if err != nil {
+			return false
+		}
+		err = conn.QueryRow(ctx, "SELECT current_setting('data_directory') || ' ' || pg_postmaster_start_time()::text", pgx.QueryExecModeSimpleProtocol).Scan(&ids[i])
+		conn.Close(ctx)
+		if err != nil {
+			return false
+		}
+	}
+	return ids[0] == ids[1]
+}
+
 func postmasterPID(ctx context.Context, pgURL string) (int, error) {
 	conn, err := pgx.Connect(ctx, pgURL)
 	if err != nil {
