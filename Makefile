@@ -9,7 +9,7 @@ STATICCHECK := $(GOBIN)/staticcheck
 # One go test over every package keeps the build cache warm; 2 packages at a time fits 2 cores.
 GOTEST_FLAGS ?= -count=1 -timeout 25m -p 2
 
-.PHONY: all deps test lint fmt-check vet staticcheck gotest demo up clean history bench-rubis bench-wan
+.PHONY: all deps test lint fmt-check vet staticcheck gotest demo up clean history bench-rubis bench-wan bench-pgpool
 
 all: test
 
@@ -67,6 +67,15 @@ bench-rubis: deps
 WAN_ARGS ?=
 bench-wan: deps
 	$(GO) run ./bench/wan/cmd/wan-bench --dir $${BENCH_DIR:-.larder-bench}/wan --pg-port $${BENCH_PG_PORT:-25432} --nats-port $${BENCH_NATS_PORT:-24222} --out bench/wan/results $(WAN_ARGS)
+
+# Pgpool-II's in-memory query cache beside direct and larder (Debian's
+# pgpool2, installed with apt-get when missing), both mixes at demo scale,
+# then the consistency contrast of the two caches (bench/rubis/README.md,
+# "Pgpool-II"). BENCH_ARGS passes flags to rubis-bench.
+bench-pgpool: deps
+	bash bench/rubis/pgpool.sh --modes direct,larder --vus 8 --duration 15s --warmup 5s --scale 0.05 --mix browsing --out bench/rubis/results/pgpool-browsing $(BENCH_ARGS)
+	bash bench/rubis/pgpool.sh --modes direct,larder --vus 8 --duration 15s --warmup 5s --scale 0.05 --mix bidding --out bench/rubis/results/pgpool-bidding $(BENCH_ARGS)
+	bash bench/rubis/pgpool.sh --check --duration 65s
 
 # The main job: the local stack with two cache-nodes in an overlay, one round
 # trip through the cache, a key read through one node from its master on the

@@ -27,17 +27,28 @@ type Run struct {
 	Worst    string             `json:"worst_interaction"`
 	// CPU is the cores each process group used during the run.
 	CPU map[string]float64 `json:"cpu_cores,omitempty"`
-	// Reads by where they came from (larder modes): l1, node, database.
+	// Reads by where they came from (larder modes): l1, node, database;
+	// for a mode on a pooler with a query cache (Pgpool-II), its SHOW
+	// POOL_CACHE counters: query-cache-hits and query-cache-selects (the
+	// SELECTs it sent to PostgreSQL).
 	Reads map[string]int64 `json:"reads,omitempty"`
 }
 
-// HitRate is the share of cacheable reads served by the L1 or a node.
+// HitRate is the share of cacheable reads served by the L1 or a node, or
+// the share of SELECTs a pooler's query cache served.
 func (r *Run) HitRate() float64 {
-	total := r.Reads["l1"] + r.Reads["node"] + r.Reads["database"]
+	hits := r.Reads["l1"] + r.Reads["node"] + r.Reads["query-cache-hits"]
+	total := hits + r.Reads["database"] + r.Reads["query-cache-selects"]
 	if total == 0 {
 		return 0
 	}
-	return float64(r.Reads["l1"]+r.Reads["node"]) / float64(total)
+	return float64(hits) / float64(total)
+}
+
+// queryCache reports whether the reads are a pooler's query cache's.
+func (r *Run) queryCache() bool {
+	_, ok := r.Reads["query-cache-hits"]
+	return ok
 }
 
 // ParseSummary reads k6's --summary-export file.
@@ -269,12 +280,15 @@ func (r *Report) Markdown() string {
 		"fresh / uncached: read-only transactions that found no pin recent enough and had the pincushion place a snapshot of their own, "+
 		"and those that ran uncached because it could not; "+
 		"node lookups per request, and cacheable function calls served from the cache / run (mode larder-functions); "+
+		"hit rate: Larder's reads served by an L1 or a node, or the SELECTs a pooler's query cache served (SHOW POOL_CACHE); "+
 		"CPU in cores used by this benchmark's own processes: PostgreSQL / application / invalidator+cache-node / NATS / k6):\n\n"+
 		"| repeat | mode | VUs | requests/s | failed | worst p90 (ms) | interaction | hit rate | node misses | fresh / uncached | lookups/request | functions hit / run | CPU |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Runs {
 		hit, misses, fresh, lookups, fns := "—", "—", "—", "—", "—"
 		if x.Reads["l1"]+x.Reads["node"]+x.Reads["database"] > 0 {
 			hit = fmt.Sprintf("%.0f%%", 100*x.HitRate())
+		}
+		if len(x.Reads) > 0 && !x.queryCache() {
 			misses = fmt.Sprintf("%d / %d / %d / %d", x.Reads["miss-compulsory"], x.Reads["miss-staleness"], x.Reads["miss-capacity"], x.Reads["miss-consistency"])
 			fresh = fmt.Sprintf("%d / %d", x.Reads["tx-fresh-snapshot"], x.Reads["tx-fallback"])
 			if x.Requests > 0 {

@@ -96,3 +96,22 @@ func TestSpreadsOverRepeats(t *testing.T) {
 		t.Errorf("a mode with failed requests has a peak: %+v", p[1])
 	}
 }
+
+// A pooler's query-cache counters give its hit rate, and its runs show no
+// node misses.
+func TestQueryCacheHitRate(t *testing.T) {
+	runs := []Run{
+		{Mode: "larder", VUs: 8, Rate: 100, Reads: map[string]int64{"l1": 1, "node": 2, "database": 1, "miss-compulsory": 7}},
+		{Mode: "pgpool", VUs: 8, Rate: 100, Reads: map[string]int64{"query-cache-hits": 30, "query-cache-selects": 10}},
+	}
+	if h := runs[0].HitRate(); h != 0.75 {
+		t.Errorf("larder hit rate %v, want 0.75", h)
+	}
+	if h := runs[1].HitRate(); h != 0.75 {
+		t.Errorf("pgpool hit rate %v, want 0.75", h)
+	}
+	md := (&Report{Mix: "bidding", Runs: runs, Peaks: Peaks(runs, time.Second)}).Markdown()
+	if !strings.Contains(md, "| 75% | 7 / 0 / 0 / 0 |") || !strings.Contains(md, "| 75% | — |") {
+		t.Errorf("report:\n%s", md)
+	}
+}

@@ -154,7 +154,7 @@ func run() error {
 		// The stack's PostgreSQL, and the same data on every other one.
 		targets := []string{env["LARDER_PG_URL"]}
 		for _, u := range sortedValues(urls) {
-			if u != env["LARDER_PG_URL"] {
+			if u != env["LARDER_PG_URL"] && !sameServer(ctx, u, env["LARDER_PG_URL"]) {
 				targets = append(targets, u)
 			}
 		}
@@ -232,7 +232,11 @@ func run() error {
 	var variants []variant
 	for _, mode := range modeList {
 		if u, ok := urls[mode]; ok {
-			machine += fmt.Sprintf("; mode %s on the PostgreSQL at %s (not pinned; its CPU not counted)", mode, hostOf(u))
+			if sameServer(ctx, u, env["LARDER_PG_URL"]) {
+				machine += fmt.Sprintf("; mode %s through %s, a pooler in front of the stack's PostgreSQL (the pooler's CPU not counted)", mode, hostOf(u))
+			} else {
+				machine += fmt.Sprintf("; mode %s on the PostgreSQL at %s (not pinned; its CPU not counted)", mode, hostOf(u))
+			}
 		}
 		for _, st := range stalenesses {
 			label := mode
@@ -370,10 +374,55 @@ func (b *bench) reads(vr variant) map[string]int64 {
 	if isPHPMode(vr.mode) && b.phpReads != nil {
 		return b.phpReads()
 	}
+	if u, ok := b.urls[vr.mode]; ok {
+		return queryCacheReads(u)
+	}
 	if b.direct(vr.mode) || isPHPMode(vr.mode) {
 		return nil
 	}
 	return readsOf(vr.mode, vr.label, b.env)
+}
+
+// queryCacheReads are the query-cache counters of a pooler that has one
+// (Pgpool-II's SHOW POOL_CACHE: num_cache_hits, num_selects), nil for
+// PostgreSQL itself.
+func queryCacheReads(u string) map[string]int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return nil
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SHOW POOL_CACHE", pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return nil
+	}
+	vals, err := rows.Values()
+	if err != nil {
+		return nil
+	}
+	cols := rows.FieldDescriptions()
+	m := map[string]int64{}
+	for i, c := range cols {
+		key := map[string]string{"num_cache_hits": "query-cache-hits", "num_selects": "query-cache-selects"}[c.Name]
+		if key == "" || i >= len(vals) {
+			continue
+		}
+		n, err := strconv.ParseInt(fmt.Sprint(vals[i]), 10, 64)
+		if err != nil {
+			return nil
+		}
+		m[key] = n
+	}
+	if len(m) != 2 {
+		return nil
+	}
+	return m
 }
 
 // hostOf is a PostgreSQL URL's host, port and database, without its
@@ -591,6 +640,24 @@ func readsOf(mode, label string, env map[string]string) map[string]int64 {
 
 // postmasterPID reads the PID of PostgreSQL's postmaster from its data
 // folder's postmaster.pid.
+// sameServer reports whether two URLs reach the same PostgreSQL server
+// (one through a pooler, say): the same data folder and start time.
+func sameServer(ctx context.Context, a, b string) bool {
+	var ids [2]string
+	for i, u := range []string{a, b} {
+		conn, err := pgx.Connect(ctx, u)
+		if err != nil {
+			return false
+		}
+		err = conn.QueryRow(ctx, "SELECT current_setting('data_directory') || ' ' || pg_postmaster_start_time()::text", pgx.QueryExecModeSimpleProtocol).Scan(&ids[i])
+		conn.Close(ctx)
+		if err != nil {
+			return false
+		}
+	}
+	return ids[0] == ids[1]
+}
+
 func postmasterPID(ctx context.Context, pgURL string) (int, error) {
 	conn, err := pgx.Connect(ctx, pgURL)
 	if err != nil {
