@@ -107,7 +107,9 @@ func (ls *leases) release(key []byte) {
 // lookupWait answers a lookup of the protocol: Lookup, with the load
 // lease of a miss when the request carries a wait.
 func (n *Node) lookupWait(ctx context.Context, q protocol.LookupRequest) (store.Result, error) {
-	r, err := n.lookup(ctx, q.Key, q.TMin, q.TMax)
+	// The watermark wait counts against the request's own wait: a
+	// client's call deadline leaves room for that much only.
+	r, err := n.lookup(ctx, q.Key, q.TMin, q.TMax, min(n.cfg.WatermarkWait, q.Wait))
 	if err == nil && r.Miss != store.Hit && q.Wait > 0 && n.cfg.LoadLease > 0 {
 		r, err = n.awaitLoad(ctx, q, r)
 	}
@@ -135,7 +137,7 @@ func (n *Node) awaitLoad(ctx context.Context, q protocol.LookupRequest, miss sto
 		n.m.leases.WithLabelValues("miss_after_wait").Inc()
 		return miss, nil
 	}
-	r, err := n.lookup(ctx, q.Key, q.TMin, q.TMax)
+	r, err := n.lookup(ctx, q.Key, q.TMin, q.TMax, 0)
 	if err == nil {
 		if r.Miss == store.Hit {
 			n.m.leases.WithLabelValues("hit_after_wait").Inc()

@@ -486,7 +486,7 @@ func cutTableName(name string) (string, bool) {
 // served beyond the watermark (nor, while a gap's end is owed, at or
 // beyond that end).
 func (n *Node) Lookup(ctx context.Context, key []byte, tmin, tmax uint64, template string) (store.Result, error) {
-	r, err := n.lookup(ctx, key, tmin, tmax)
+	r, err := n.lookup(ctx, key, tmin, tmax, n.cfg.WatermarkWait)
 	if err == nil {
 		n.m.lookup(r.Miss, template)
 	}
@@ -494,10 +494,11 @@ func (n *Node) Lookup(ctx context.Context, key []byte, tmin, tmax uint64, templa
 }
 
 // lookup is Lookup without the lookup metrics.
-func (n *Node) lookup(ctx context.Context, key []byte, tmin, tmax uint64) (store.Result, error) {
+// wait bounds the wait for the watermark (wmwait.go); 0: none.
+func (n *Node) lookup(ctx context.Context, key []byte, tmin, tmax uint64, wait time.Duration) (store.Result, error) {
 	wm := n.servableThrough()
 	r, err := n.cfg.Backend.Lookup(ctx, key, tmin, tmax, wm)
-	if err == nil && r.Miss != store.Hit && tmin > wm && n.awaitWatermark(ctx, key, tmin, tmax, r) {
+	if err == nil && r.Miss != store.Hit && tmin > wm && n.awaitWatermark(ctx, key, tmin, tmax, r, wait) {
 		r, err = n.cfg.Backend.Lookup(ctx, key, tmin, tmax, n.servableThrough())
 	}
 	if err != nil {

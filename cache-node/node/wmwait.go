@@ -41,17 +41,18 @@ func (n *Node) watermarkChanged() <-chan struct{} {
 // awaitWatermark decides, for a lookup that missed with tmin beyond the
 // watermark wm, whether a version of the key would serve the range once
 // the watermark reached tmin (a lookup that ignores the watermark, never
-// served), and if so waits up to WatermarkWait for it. It reports whether
+// served), and if so waits up to wait for it (WatermarkWait, or less for
+// a protocol lookup: no more than the wait its request carries). It reports whether
 // the watermark reached tmin; the caller then looks up again, under the
 // usual rules.
-func (n *Node) awaitWatermark(ctx context.Context, key []byte, tmin, tmax uint64, miss store.Result) bool {
-	if n.cfg.WatermarkWait <= 0 || (miss.Miss != store.MissStaleness && miss.Miss != store.MissConsistency) {
+func (n *Node) awaitWatermark(ctx context.Context, key []byte, tmin, tmax uint64, miss store.Result, wait time.Duration) bool {
+	if wait <= 0 || (miss.Miss != store.MissStaleness && miss.Miss != store.MissConsistency) {
 		return false
 	}
 	if r, err := n.cfg.Backend.Lookup(ctx, key, tmin, tmax, store.Open); err != nil || r.Miss != store.Hit {
 		return false // nothing the watermark would make servable
 	}
-	t := time.NewTimer(n.cfg.WatermarkWait)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
 		ch := n.watermarkChanged()

@@ -683,9 +683,8 @@ func TestStressPinsAreExact(t *testing.T) {
 	// Released pins' connections are taken again: at most the budget
 	// held, the idle ones and the candidate being checked are ever open,
 	// however many candidates the run took.
-	opened := metricValue(t, reg, "larder_pincushion_connections_total")
-	if got := opened; got != float64(st.Taken) {
-		t.Errorf("connections metric %v, %d candidates taken", got, st.Taken)
+	if o := testutil.ToFloat64(c.m.conns.WithLabelValues("opened")); o > float64(8+maxIdleConns+1) {
+		t.Errorf("%v connections opened with a budget of 8: more than the pins, the idle ones and a candidate", o)
 	}
 	t.Logf("%v connections opened for %d candidates", testutil.ToFloat64(c.m.conns.WithLabelValues("opened")), st.Taken)
 	if got := metricValue(t, reg, "larder_pincushion_verify_requests_total"); got != float64(len(nowResults)) {
