@@ -285,7 +285,7 @@ func (r *Report) Markdown() string {
 		"| repeat | mode | VUs | requests/s | failed | worst p90 (ms) | interaction | hit rate | node misses | fresh / uncached | lookups/request | functions hit / run | CPU |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Runs {
 		hit, misses, fresh, lookups, fns := "—", "—", "—", "—", "—"
-		if x.Reads["l1"]+x.Reads["node"]+x.Reads["database"] > 0 {
+		if x.Reads["l1"]+x.Reads["node"]+x.Reads["database"] > 0 || x.queryCache() {
 			hit = fmt.Sprintf("%.0f%%", 100*x.HitRate())
 		}
 		if len(x.Reads) > 0 && !x.queryCache() {
