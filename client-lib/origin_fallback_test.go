@@ -93,6 +93,10 @@ func TestOriginFallbacks(t *testing.T) {
 			})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
+			// The previous case's writes came from another client: a
+			// transaction here may read at a pin up to its staleness (3 s)
+			// older. Past that, every pin sees them.
+			time.Sleep(3500 * time.Millisecond)
 			want := s.pgBalances(t)
 			for range 5 {
 				tx, err := c.BeginRO(ctx, 3*time.Second)
