@@ -16,7 +16,6 @@ import (
 	"github.com/larderdb/larder/internal/invalidation"
 	"github.com/larderdb/larder/internal/servers"
 	"github.com/larderdb/larder/invalidator/service"
-	"github.com/larderdb/larder/qumaana/quma"
 )
 
 // SiteConfig configures the database's site: PostgreSQL, the hub NATS
@@ -87,7 +86,7 @@ func StartSite(ctx context.Context, cfg SiteConfig) (*Site, error) {
 	if err != nil {
 		return nil, fmt.Errorf("RUBiS data: %w", err)
 	}
-	if s.QUMA, err = WriteQUMA(ctx, s.PGURL, filepath.Join(cfg.Dir, "quma.json")); err != nil {
+	if s.QUMA, err = datagen.WriteQUMA(ctx, s.PGURL, filepath.Join(cfg.Dir, "quma.json")); err != nil {
 		return nil, fmt.Errorf("QUMA file: %w", err)
 	}
 	if s.Roles, err = servers.NewNATSRoles(filepath.Join(cfg.Dir, "secrets"), invalidation.DefaultPrefix); err != nil {
@@ -172,37 +171,6 @@ func (s *Site) Close() {
 	if s.PG != nil {
 		_ = s.PG.Close()
 	}
-}
-
-// WriteQUMA analyzes the database's schema with RUBiS's templates into
-// path.
-func WriteQUMA(ctx context.Context, pgURL, path string) (string, error) {
-	conn, err := pgx.Connect(ctx, pgURL)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close(ctx)
-	schema, err := quma.LoadCatalog(ctx, conn)
-	if err != nil {
-		return "", err
-	}
-	work, err := quma.ReadTemplates(strings.NewReader(datagen.TemplatesSQL()), "templates.sql")
-	if err != nil {
-		return "", err
-	}
-	sol, err := quma.AnalyzeWorkload(schema, work)
-	if err != nil {
-		return "", err
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return "", err
-	}
-	if err := sol.WriteJSON(f); err != nil {
-		f.Close()
-		return "", err
-	}
-	return path, f.Close()
 }
 
 // LeafConfig configures an edge site's NATS server, a leaf node of the

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"errors"
@@ -18,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/larderdb/larder/bench/rubis/stackenv"
 	larder "github.com/larderdb/larder/client-lib"
 )
 
@@ -38,7 +38,7 @@ func run() error {
 	short := flag.Duration("short-staleness", time.Second, "a second, short staleness limit Larder is also checked at (0: none)")
 	flag.Parse()
 
-	env, err := readEnv(*envFile)
+	env, err := stackenv.Read(*envFile, "go run ./deploy/local up, or bash bench/rubis/pgpool.sh --check")
 	if err != nil {
 		return err
 	}
@@ -374,27 +374,4 @@ func hostOf(u string) string {
 		return "?"
 	}
 	return p.Host
-}
-
-// readEnv reads the stack's env file (shell-quoted KEY='value' lines).
-func readEnv(path string) (map[string]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w (start the stack: go run ./deploy/local up, or bash bench/rubis/pgpool.sh --check)", err)
-	}
-	defer f.Close()
-	env := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
-			if len(v) >= 2 && v[0] == '\'' && v[len(v)-1] == '\'' {
-				v = strings.ReplaceAll(v[1:len(v)-1], `'\''`, "'")
-			}
-			env[strings.TrimPrefix(k, "export ")] = v
-		}
-	}
-	if env["LARDER_PG_URL"] == "" || env["LARDER_DSN"] == "" {
-		return nil, fmt.Errorf("%s lacks LARDER_PG_URL or LARDER_DSN", path)
-	}
-	return env, sc.Err()
 }

@@ -27,7 +27,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"errors"
@@ -52,9 +51,9 @@ import (
 	"github.com/larderdb/larder/bench/rubis/app"
 	"github.com/larderdb/larder/bench/rubis/datagen"
 	"github.com/larderdb/larder/bench/rubis/report"
+	"github.com/larderdb/larder/bench/rubis/stackenv"
 	"github.com/larderdb/larder/cache-node/store"
 	larder "github.com/larderdb/larder/client-lib"
-	"github.com/larderdb/larder/qumaana/quma"
 )
 
 func main() {
@@ -137,7 +136,7 @@ func run() error {
 	flag.Parse()
 	servePprof()
 
-	env, err := readEnv(*envFile)
+	env, err := stackenv.Read(*envFile, "go run ./deploy/local up")
 	if err != nil {
 		return err
 	}
@@ -454,29 +453,6 @@ func sortedValues(m map[string]string) []string {
 	return vs
 }
 
-func readEnv(path string) (map[string]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w (start the stack: go run ./deploy/local up)", err)
-	}
-	defer f.Close()
-	env := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
-			// The stack writes shell-quoted values: 'v', with ' as '\''.
-			if len(v) >= 2 && v[0] == '\'' && v[len(v)-1] == '\'' {
-				v = strings.ReplaceAll(v[1:len(v)-1], `'\''`, "'")
-			}
-			env[strings.TrimPrefix(k, "export ")] = v
-		}
-	}
-	if env["LARDER_PG_URL"] == "" || env["LARDER_DSN"] == "" {
-		return nil, fmt.Errorf("%s lacks LARDER_PG_URL or LARDER_DSN", path)
-	}
-	return env, sc.Err()
-}
-
 func openMode(mode, label string, env map[string]string) (*sql.DB, error) {
 	if mode == "direct" {
 		return sql.Open("pgx", env["LARDER_PG_URL"])
@@ -532,23 +508,6 @@ func modeDSN(mode, label string, env map[string]string) string {
 // writeQUMA analyzes the database's schema with RUBiS's templates into
 // dir/quma.json.
 func writeQUMA(ctx context.Context, pgURL, dir string) (string, error) {
-	conn, err := pgx.Connect(ctx, pgURL)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close(ctx)
-	schema, err := quma.LoadCatalog(ctx, conn)
-	if err != nil {
-		return "", err
-	}
-	work, err := quma.ReadTemplates(strings.NewReader(datagen.TemplatesSQL()), "templates.sql")
-	if err != nil {
-		return "", err
-	}
-	sol, err := quma.AnalyzeWorkload(schema, work)
-	if err != nil {
-		return "", err
-	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -556,15 +515,7 @@ func writeQUMA(ctx context.Context, pgURL, dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return "", err
-	}
-	if err := sol.WriteJSON(f); err != nil {
-		f.Close()
-		return "", err
-	}
-	return path, f.Close()
+	return datagen.WriteQUMA(ctx, pgURL, path)
 }
 
 // serve runs the application on a free port.
