@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/larderdb/larder/internal/bytesize"
+	"github.com/larderdb/larder/internal/pprofserve"
 	"github.com/larderdb/larder/internal/secret"
 )
 
@@ -45,7 +46,7 @@ func main() {
 	nodeMemory := fs.String("cache-node-memory", "256MiB", "each cache-node's byte budget (e.g. 16MiB: the cache-size sweep of bench/rubis)")
 	pgSettings := fs.String("pg-settings", "", "extra PostgreSQL settings, name=value,… (e.g. shared_preload_libraries=pg_stat_statements)")
 	_ = fs.Parse(os.Args[2:])
-	servePprof()
+	pprofserve.FromEnv("LARDER_LOCAL_PPROF") // the invalidator and the cache-nodes run in this process
 	if n, err := bytesize.Parse(*nodeMemory); err != nil || n <= 0 {
 		fmt.Fprintf(os.Stderr, "local: -cache-node-memory %q: want a positive size such as 64MiB\n", *nodeMemory)
 		os.Exit(2)

@@ -54,6 +54,7 @@ import (
 	"github.com/larderdb/larder/bench/rubis/stackenv"
 	"github.com/larderdb/larder/cache-node/store"
 	larder "github.com/larderdb/larder/client-lib"
+	"github.com/larderdb/larder/internal/pprofserve"
 )
 
 func main() {
@@ -134,7 +135,7 @@ func run() error {
 	flag.BoolVar(&sqlNow, "sql-now", false, "the application's time-dependent reads use RUBiS's original end_date >= NOW() (cached per clock bucket by Larder) instead of a $now parameter it rounds to a minute itself")
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	flag.Parse()
-	servePprof()
+	pprofserve.FromEnv("LARDER_BENCH_PPROF") // the application and the Larder client under load
 
 	env, err := stackenv.Read(*envFile, "go run ./deploy/local up")
 	if err != nil {
