@@ -23,6 +23,7 @@ type pinTracker struct {
 	mu   sync.Mutex
 	pins []invalidation.Pin // by LSN
 	sub  *nats.Subscription
+	rel  *nats.Subscription // released pins
 	// lastPin is when the newest pin was announced (Unix ns, local time),
 	// or taken for one learnt from a list; stalled when a verify request
 	// last went unanswered in time. A pin announced after a stall ends it.
@@ -31,6 +32,8 @@ type pinTracker struct {
 	// (the invalidator may have restarted: its tag sets are asked again).
 	resumed chan struct{}
 	silence time.Duration
+	// announced counts the pins announced since the tracker started.
+	announced atomic.Int64
 }
 
 func newPinTracker(nc *nats.Conn, prefix string, silence time.Duration) (*pinTracker, error) {
@@ -46,6 +49,7 @@ func newPinTracker(nc *nats.Conn, prefix string, silence time.Duration) (*pinTra
 				}
 			}
 			raise(&p.lastPin, now.UnixNano())
+			p.announced.Add(1)
 			p.add(pin)
 		}
 	})
@@ -53,6 +57,19 @@ func newPinTracker(nc *nats.Conn, prefix string, silence time.Duration) (*pinTra
 		return nil, fmt.Errorf("larder: subscribe to pins: %w", err)
 	}
 	p.sub = sub
+	// Released pins are forgotten at once: the pincushion holds a few
+	// dozen, and a tracker keeping every pin announced until it expires
+	// would hold thousands (one per demand) and try released ones.
+	rel, err := nc.Subscribe(invalidation.PinReleaseSubject(prefix), func(m *nats.Msg) {
+		if pin, err := invalidation.DecodePin(m.Data); err == nil {
+			p.remove(pin)
+		}
+	})
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("larder: subscribe to pin releases: %w", err)
+	}
+	p.rel = rel
 	return p, nil
 }
 
@@ -110,6 +127,11 @@ func (p *pinTracker) add(pin invalidation.Pin) {
 	defer p.mu.Unlock()
 	i := sort.Search(len(p.pins), func(i int) bool { return p.pins[i].LSN >= pin.LSN })
 	if i < len(p.pins) && p.pins[i].LSN == pin.LSN {
+		// The pincushion replaces a pin by a newer one at the same LSN
+		// (no commit came between them) and releases the older.
+		if pin.TakenAt.After(p.pins[i].TakenAt) {
+			p.pins[i] = pin
+		}
 		return
 	}
 	p.pins = append(p.pins, invalidation.Pin{})
@@ -139,12 +161,13 @@ func (p *pinTracker) candidates(since time.Time, minLSN uint64) []invalidation.P
 	return out
 }
 
-// remove forgets a pin PostgreSQL no longer knows (released early).
-func (p *pinTracker) remove(lsn uint64) {
+// remove forgets a pin the pincushion released, or PostgreSQL no longer
+// knows (released early); not another pin at its LSN.
+func (p *pinTracker) remove(gone invalidation.Pin) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, pin := range p.pins {
-		if pin.LSN == lsn {
+		if pin.LSN == gone.LSN && pin.SnapshotID == gone.SnapshotID {
 			p.pins = append(p.pins[:i], p.pins[i+1:]...)
 			return
 		}
@@ -160,4 +183,7 @@ func (p *pinTracker) dropThrough(lsn uint64) {
 	p.pins = append(p.pins[:0], p.pins[i:]...)
 }
 
-func (p *pinTracker) close() { _ = p.sub.Unsubscribe() }
+func (p *pinTracker) close() {
+	_ = p.sub.Unsubscribe()
+	_ = p.rel.Unsubscribe()
+}

@@ -290,7 +290,7 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 		}
 		// The pin was released since (expired, thinned, or the
 		// pincushion restarted): forget it and try the next one.
-		t.c.pins.remove(pin.LSN)
+		t.c.pins.remove(pin)
 		t.cands = t.cands[:len(t.cands)-1]
 	}
 	if t.returned {

@@ -5,6 +5,8 @@ package invalidation
 // Subjects (with prefix p):
 //
 //	p.pins.announce   every new pin, published once (payload: pin)
+//	p.pins.release    every pin released (expired, thinned, or replaced by a
+//	                  newer one at the same LSN), published once (payload: pin)
 //	p.pins.list       request with any payload; reply: pin list of the pins held now
 //	p.pins.verify     request: verify request; reply: verify reply
 //
@@ -86,6 +88,10 @@ type PinVerifyReply struct {
 
 // PinAnnounceSubject is the subject new pins are announced on.
 func PinAnnounceSubject(prefix string) string { return prefix + ".pins.announce" }
+
+// PinReleaseSubject is the subject released pins are announced on: a
+// client forgets them rather than keep every pin ever announced.
+func PinReleaseSubject(prefix string) string { return prefix + ".pins.release" }
 
 // PinListSubject is the subject to request the current pins on.
 func PinListSubject(prefix string) string { return prefix + ".pins.list" }

@@ -81,6 +81,9 @@ func TestPinSubjects(t *testing.T) {
 	if got := PinAnnounceSubject("larder"); got != "larder.pins.announce" {
 		t.Errorf("PinAnnounceSubject = %q", got)
 	}
+	if got := PinReleaseSubject("larder"); got != "larder.pins.release" {
+		t.Errorf("PinReleaseSubject = %q", got)
+	}
 	if got := PinListSubject("a.b"); got != "a.b.pins.list" {
 		t.Errorf("PinListSubject = %q", got)
 	}

@@ -125,6 +125,7 @@ type metrics struct {
 	taken     prometheus.Counter
 	discarded prometheus.Counter
 	demanded  prometheus.Counter
+	released  prometheus.Counter
 	verify    *prometheus.CounterVec
 	conns     *prometheus.CounterVec
 }
@@ -140,6 +141,9 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		discarded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "larder_pincushion_pins_discarded_total", Help: "Candidate snapshots discarded as not exact or not verifiable.",
 		}),
+		released: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "larder_pincushion_pins_released_total", Help: "Pins released (expired, thinned, or replaced by a newer one at the same LSN), each announced on the release subject.",
+		}),
 		demanded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "larder_pincushion_pins_demanded_total", Help: "Candidate pins taken before their interval because a verify request asked (at most one per DemandGap).",
 		}),
@@ -153,7 +157,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.demanded, m.verify, m.conns} {
+	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.demanded, m.released, m.verify, m.conns} {
 		if err := reg.Register(c); err != nil {
 			return metrics{}, fmt.Errorf("pincushion: register metrics: %w", err)
 		}
@@ -535,9 +539,18 @@ func (c *Cushion) prune(now time.Time, h *heldPin) []*heldPin {
 	return out
 }
 
+// release ends the pins' transactions and announces their release, so
+// that clients forget them (an announcement lost costs a client one
+// refused import, after which it forgets the pin too).
 func (c *Cushion) release(pins []*heldPin) {
 	for _, p := range pins {
 		c.putBack(p.tx, p.conn)
+		c.m.released.Inc()
+		if nc := c.cfg.NATS; nc != nil {
+			if err := nc.Publish(invalidation.PinReleaseSubject(c.cfg.SubjectPrefix), invalidation.EncodePin(p.pin)); err != nil {
+				c.logger.Warn("pincushion: announce a pin's release", "err", err)
+			}
+		}
 	}
 }
 
