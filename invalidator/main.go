@@ -51,7 +51,7 @@ func parseFlags(args []string, stderr io.Writer) (service.Options, string, error
 	fs.BoolVar(&o.Pins, "pins", o.Pins, "run the pincushion")
 	fs.DurationVar(&o.PinInterval, "pin-interval", o.PinInterval, "a new pin every interval (100ms–250ms)")
 	fs.DurationVar(&o.MaxStaleness, "max-staleness", o.MaxStaleness, "pins are kept this long")
-	fs.IntVar(&o.PinBudget, "pin-budget", o.PinBudget, "at most this many pins (open connections)")
+	fs.IntVar(&o.PinBudget, "pin-budget", o.PinBudget, "at most this many pins, each an open connection (PostgreSQL sees up to this many plus 9: one candidate being checked and 8 idle connections kept for reuse)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	natsNkey := fs.String("nats-nkey", os.Getenv("LARDER_NATS_NKEY"), "file holding the invalidator's NATS nkey seed (env LARDER_NATS_NKEY)")
 	pgPasswordFile := fs.String("pg-password-file", os.Getenv("LARDER_PG_PASSWORD_FILE"), "file holding the PostgreSQL password, so that --pg need not carry it (env LARDER_PG_PASSWORD_FILE)")

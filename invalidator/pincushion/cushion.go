@@ -58,7 +58,9 @@ type Config struct {
 	// MaxStaleness is how long a pin is kept after it was taken.
 	MaxStaleness time.Duration
 	// Budget is the number of pins (each an open connection) held at
-	// most; one more connection is open while a candidate is checked.
+	// most; one more connection is open while a candidate is checked,
+	// and up to 8 more (released pins' connections kept for the next
+	// candidates) stay idle: Budget+9 connections at most.
 	Budget int
 	// WaitTimeout bounds the wait for the commit log to reach a
 	// snapshot's WAL insert LSN.
