@@ -672,3 +672,58 @@ func TestTagSetsFollowInvalidatorRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A read-only transaction running uncached on a fresh snapshot (here: NATS
+// is down, so no pin) whose statement's result type a schema change
+// replaced gets ErrRetry, not PostgreSQL's "cached plan must not change
+// result type": its snapshot cannot be taken again, and the retry reads
+// the new type.
+func TestFallbackSchemaChangeAsksForRetry(t *testing.T) {
+	port, err := servers.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsOverride = fmt.Sprintf("nats://127.0.0.1:%d", port) // nothing listens
+	s := prepareStack(t, schemaSQL, "INSERT INTO accounts (id, balance) VALUES (1, 100), (2, 100)", readBalance)
+	natsOverride = ""
+	c := s.openWith(t, nil, 0, false, nil)
+	ctx := context.Background()
+	read := func() (int64, error) {
+		tx, err := c.BeginRO(ctx, 0)
+		if err != nil {
+			return 0, err
+		}
+		defer tx.Commit(ctx)
+		var b int64
+		err = tx.QueryRow(ctx, readBalance, []any{1}, &b)
+		return b, err
+	}
+	// Every pooled connection prepares the statement (as int).
+	for range 20 {
+		if b, err := read(); err != nil || b != 100 {
+			t.Fatalf("before the change: %d, %v", b, err)
+		}
+	}
+	if c.Stats().Fallbacks.Load() < 20 {
+		t.Fatalf("%d fallbacks for 20 transactions without NATS", c.Stats().Fallbacks.Load())
+	}
+	if _, err := s.conn.Exec(ctx, "ALTER TABLE accounts ALTER COLUMN balance TYPE bigint USING balance * 10"); err != nil {
+		t.Fatal(err)
+	}
+	retries := 0
+	for i := 0; i < 20; i++ {
+		b, err := read()
+		switch {
+		case errors.Is(err, ErrRetry):
+			retries++
+		case err != nil:
+			t.Fatalf("after the change, read %d: %v (want ErrRetry or the new value)", i, err)
+		case b != 1000:
+			t.Fatalf("after the change, read %d: %d, want 1000", i, b)
+		}
+	}
+	if retries == 0 {
+		t.Fatal("no transaction met the replaced result type: the test did not exercise the case")
+	}
+	t.Logf("%d of 20 transactions asked for a retry", retries)
+}
