@@ -494,22 +494,60 @@ type RWTx struct {
 	conn *pgxpool.Conn
 	c    *Client
 	sess *Session // the session BeginRW's context carried, if any
+	done bool     // committed or rolled back: the connection is released
 }
 
 // Commit commits and records the commit's WAL position: later read-only
 // transactions of its session (the one BeginRW's or Commit's context
 // carries, and the client's own) see this transaction.
 func (t *RWTx) Commit(ctx context.Context) error {
-	defer t.release(ctx)
-	if err := t.Tx.Commit(ctx); err != nil {
-		return err
+	if t.done {
+		return pgx.ErrTxClosed
 	}
-	lsn, err := walAfterCommit(ctx, t.conn)
+	t.done = true
+	defer t.release(ctx)
+	lsn, err := commitReadingWAL(ctx, t.Tx, t.conn.Conn())
 	if err != nil {
 		return err
 	}
 	t.c.sawCommit(ctx, t.sess, lsn)
 	return nil
+}
+
+// commitReadingWAL commits tx, the transaction open on conn, and reads
+// the WAL insert position after it in the same round trip (the commit's
+// record is before it). A COMMIT of a transaction a failed statement
+// aborted rolls back: pgx.ErrTxCommitRollback, as pgx's own Commit says,
+// and no position. When the commit fails otherwise and the connection is
+// still inside the transaction, it is closed, as pgx does. A connection
+// not inside a transaction is left to tx's own Commit (which says why).
+func commitReadingWAL(ctx context.Context, tx pgx.Tx, conn *pgx.Conn) (uint64, error) {
+	if st := conn.PgConn().TxStatus(); st != 'T' && st != 'E' {
+		if err := tx.Commit(ctx); err != nil {
+			return 0, err
+		}
+		return walAfterCommit(ctx, conn)
+	}
+	return commitWAL(ctx, conn)
+}
+
+// commitWAL sends COMMIT and the WAL position read as one simple query on
+// conn, inside a transaction.
+func commitWAL(ctx context.Context, conn *pgx.Conn) (uint64, error) {
+	results, err := conn.PgConn().Exec(ctx, "COMMIT; SELECT pg_catalog.pg_current_wal_insert_lsn()::text").ReadAll()
+	if err != nil {
+		if conn.PgConn().TxStatus() != 'I' {
+			_ = conn.Close(ctx)
+		}
+		return 0, err
+	}
+	if len(results) != 2 || len(results[1].Rows) != 1 || len(results[1].Rows[0]) != 1 {
+		return 0, fmt.Errorf("larder: committed, but the WAL position read after it gave %d results", len(results))
+	}
+	if results[0].CommandTag.String() == "ROLLBACK" {
+		return 0, pgx.ErrTxCommitRollback
+	}
+	return parseWAL(string(results[1].Rows[0][0]))
 }
 
 // walAfterCommit reads the WAL insert position after a commit: the
@@ -519,6 +557,10 @@ func walAfterCommit(ctx context.Context, conn dbConn) (uint64, error) {
 	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&s); err != nil {
 		return 0, fmt.Errorf("larder: committed, but reading the WAL position failed: %w", err)
 	}
+	return parseWAL(s)
+}
+
+func parseWAL(s string) (uint64, error) {
 	lsn, err := pglogrepl.ParseLSN(s)
 	if err != nil {
 		return 0, fmt.Errorf("larder: committed, but the WAL position %q: %w", s, err)
@@ -566,6 +608,10 @@ func (c *Client) minLSN(ctx context.Context) uint64 {
 
 // Rollback rolls back.
 func (t *RWTx) Rollback(ctx context.Context) error {
+	if t.done {
+		return pgx.ErrTxClosed
+	}
+	t.done = true
 	defer t.release(ctx)
 	return t.Tx.Rollback(ctx)
 }

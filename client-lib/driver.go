@@ -535,10 +535,21 @@ func (t *rwTx) Commit() error {
 	// A statement inside that may have changed the session (a SET
 	// persists past the commit) marked the scope stale as it ran.
 	t.c.inRW = false
-	if err := t.Tx.Commit(); err != nil {
+	ctx := context.Background()
+	pc := t.c.Conn.Conn()
+	if st := pc.PgConn().TxStatus(); st != 'T' && st != 'E' {
+		if err := t.Tx.Commit(); err != nil {
+			return err
+		}
+		return t.c.noteWritten(ctx, t.sess)
+	}
+	// COMMIT and the WAL position in one round trip (commitWAL).
+	lsn, err := commitWAL(ctx, pc)
+	if err != nil {
 		return err
 	}
-	return t.c.noteWritten(context.Background(), t.sess)
+	t.c.c.sawCommit(ctx, t.sess, lsn)
+	return nil
 }
 
 func (t *rwTx) Rollback() error {

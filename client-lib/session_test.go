@@ -3,6 +3,7 @@ package larder
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/cookiejar"
@@ -11,6 +12,9 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func TestSessionTokens(t *testing.T) {
@@ -185,4 +189,135 @@ func mustParseURL(t *testing.T, raw string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// A read/write transaction's COMMIT and the WAL position read after it go
+// in one round trip; what pgx's own Commit says is kept: a transaction a
+// failed statement aborted reports ErrTxCommitRollback (and moves no
+// session), a commit-time failure (a deferred constraint) is returned,
+// and a Rollback after Commit reports ErrTxClosed; through the client and
+// through database/sql.
+func TestCommitReadsTheWALPositionInTheSameRoundTrip(t *testing.T) {
+	s := startStackWith(t, schemaSQL+`
+CREATE TABLE parents (id int PRIMARY KEY);
+CREATE TABLE kids (id int PRIMARY KEY, parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED);`,
+		"INSERT INTO accounts (id, balance) VALUES (1, 100)", readBalance)
+	c := s.client(t, 0)
+	ctx := context.Background()
+	// Committed: the session moves past the commit, and sees it.
+	sess := NewSession()
+	sctx := WithSession(ctx, sess)
+	rw, err := c.BeginRW(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rw.Exec(sctx, "UPDATE accounts SET balance = 7 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Commit(sctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Rollback(sctx); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("Rollback after Commit: %v, want ErrTxClosed", err)
+	}
+	var walNow string
+	if err := s.conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walNow); err != nil {
+		t.Fatal(err)
+	}
+	now, _ := parseWAL(walNow)
+	if m := sess.MinLSN(); m == 0 || m > now {
+		t.Fatalf("the session's position %X after the commit (WAL now %X)", m, now)
+	}
+	if got := readInt(t, sctx, c, time.Minute, readBalance, 1); got != 7 {
+		t.Fatalf("the session read %d after its commit, want 7", got)
+	}
+
+	// Aborted by a failed statement: COMMIT rolls back.
+	before := sess.MinLSN()
+	rw, err = c.BeginRW(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rw.Exec(sctx, "UPDATE accounts SET balance = 1 / 0 WHERE id = 1"); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	if err := rw.Commit(sctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("Commit of an aborted transaction: %v, want ErrTxCommitRollback", err)
+	}
+	if sess.MinLSN() != before {
+		t.Fatal("a rolled back commit moved the session")
+	}
+
+	// A deferred constraint fails at COMMIT.
+	rw, err = c.BeginRW(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rw.Exec(sctx, "INSERT INTO kids VALUES (1, 42)"); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if err := rw.Commit(sctx); !errors.As(err, &pgErr) || pgErr.Code != "23503" {
+		t.Fatalf("Commit breaking a deferred foreign key: %v, want 23503", err)
+	}
+	if sess.MinLSN() != before {
+		t.Fatal("a failed commit moved the session")
+	}
+
+	// The same through database/sql.
+	db, err := sql.Open(DriverName, s.dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tx, err := db.BeginTx(sctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(sctx, "UPDATE accounts SET balance = 8 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if sess.MinLSN() <= before {
+		t.Fatal("a commit through database/sql did not move the session")
+	}
+	var got int
+	rtx, err := db.BeginTx(sctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rtx.QueryRowContext(sctx, readBalance, 1).Scan(&got); err != nil || got != 8 {
+		t.Fatalf("database/sql read %d, %v after its commit, want 8", got, err)
+	}
+	_ = rtx.Commit()
+	before = sess.MinLSN()
+	tx, err = db.BeginTx(sctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(sctx, "INSERT INTO kids VALUES (2, 43)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); !errors.As(err, &pgErr) || pgErr.Code != "23503" {
+		t.Fatalf("database/sql Commit breaking a deferred foreign key: %v, want 23503", err)
+	}
+	tx, err = db.BeginTx(sctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(sctx, "UPDATE accounts SET balance = 1 / 0 WHERE id = 1"); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	if err := tx.Commit(); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("database/sql Commit of an aborted transaction: %v, want ErrTxCommitRollback", err)
+	}
+	if sess.MinLSN() != before {
+		t.Fatal("failed commits through database/sql moved the session")
+	}
+	// The connection works on.
+	if err := db.QueryRowContext(sctx, "SELECT balance FROM accounts WHERE id = 1").Scan(&got); err != nil || got != 8 {
+		t.Fatalf("after the failed commits: %d, %v", got, err)
+	}
 }
