@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -129,33 +130,22 @@ func (t *ROTx) Placed() bool { return !t.fallback }
 // would only answer after its own wait), the transaction runs uncached at
 // once.
 func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
-	if err := t.begin(ctx, "", 0, nil); err != nil {
-		return false, err
-	}
-	if !t.c.nc.IsConnected() {
-		t.fallBack(fallbackNATS)
+	if !t.c.nc.IsConnected() || !t.c.pins.placing(time.Now()) {
+		// No one to place it: uncached on a fresh snapshot.
+		if err := t.begin(ctx, "", 0, nil); err != nil {
+			return false, err
+		}
+		if !t.c.nc.IsConnected() {
+			t.fallBack(fallbackNATS)
+		} else {
+			t.fallBack(fallbackPins)
+		}
 		return false, nil
 	}
-	if !t.c.pins.placing(time.Now()) {
-		t.fallBack(fallbackPins)
-		return false, nil
-	}
-	var xmin, xmax int64
-	var xip []int64
-	var lsnText string
-	err := t.conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint,
-  ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x ORDER BY 1), pg_current_wal_insert_lsn()::text
-FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip, &lsnText)
-	if err != nil {
-		return false, fmt.Errorf("larder: read the snapshot: %w", err)
-	}
-	lsn, err := pglogrepl.ParseLSN(lsnText)
+	// BEGIN and the snapshot's read in one round trip.
+	req, err := t.beginNow(ctx)
 	if err != nil {
 		return false, err
-	}
-	req := invalidation.PinVerifyRequest{Xmin: uint64(xmin), Xmax: uint64(xmax), InsertLSN: uint64(lsn)}
-	for _, x := range xip {
-		req.Xip = append(req.Xip, uint64(x))
 	}
 	var reply invalidation.PinVerifyReply
 	vctx, cancel := context.WithTimeout(ctx, t.c.cfg.PinVerifyTimeout)
@@ -211,14 +201,8 @@ func (t *ROTx) begin(ctx context.Context, snapshot string, ts uint64, tables []s
 		}
 		sql += "; SET TRANSACTION SNAPSHOT '" + snapshot + "'"
 	}
-	if t.session != nil {
-		t.conn = t.session
-	} else {
-		conn, err := t.c.pool.Acquire(ctx)
-		if err != nil {
-			return fmt.Errorf("larder: %w", err)
-		}
-		t.pooled, t.conn = conn, conn
+	if err := t.acquire(ctx); err != nil {
+		return err
 	}
 	plan := t.planHold(tables, ts)
 	if plan == nil {
@@ -240,6 +224,83 @@ func (t *ROTx) begin(ctx context.Context, snapshot string, ts uint64, tables []s
 		return err
 	}
 	return nil
+}
+
+// acquire takes the connection the transaction runs on: its session's,
+// or one from the client's pool.
+func (t *ROTx) acquire(ctx context.Context) error {
+	if t.session != nil {
+		t.conn = t.session
+		return nil
+	}
+	conn, err := t.c.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("larder: %w", err)
+	}
+	t.pooled, t.conn = conn, conn
+	return nil
+}
+
+// nowSnapshotSQL reads the snapshot of the transaction it runs in, as
+// pg_current_snapshot() gives it, and the WAL insert position after it.
+const nowSnapshotSQL = `SELECT pg_catalog.pg_snapshot_xmin(s), pg_catalog.pg_snapshot_xmax(s),
+  ARRAY(SELECT x FROM pg_catalog.pg_snapshot_xip(s) x ORDER BY x::text::bigint), pg_catalog.pg_current_wal_insert_lsn()
+FROM pg_catalog.pg_current_snapshot() s`
+
+// beginNow opens the transaction at a fresh snapshot and reads it
+// (nowSnapshotSQL) in the same round trip.
+func (t *ROTx) beginNow(ctx context.Context) (invalidation.PinVerifyRequest, error) {
+	if err := t.acquire(ctx); err != nil {
+		return invalidation.PinVerifyRequest{}, err
+	}
+	results, err := pgConnOf(t.conn).Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "+nowSnapshotSQL).ReadAll()
+	if err != nil {
+		_ = t.closeConn(ctx)
+		return invalidation.PinVerifyRequest{}, err
+	}
+	req, err := parseNowSnapshot(results)
+	if err != nil {
+		_ = t.closeConn(ctx)
+		return invalidation.PinVerifyRequest{}, err
+	}
+	return req, nil
+}
+
+// parseNowSnapshot reads nowSnapshotSQL's answer (text: two xids, an
+// array of xids, an LSN), the last of results.
+func parseNowSnapshot(results []*pgconn.Result) (invalidation.PinVerifyRequest, error) {
+	var req invalidation.PinVerifyRequest
+	if len(results) == 0 || len(results[len(results)-1].Rows) != 1 || len(results[len(results)-1].Rows[0]) != 4 {
+		return req, errors.New("larder: read the snapshot: unexpected answer")
+	}
+	row := results[len(results)-1].Rows[0]
+	var err error
+	if req.Xmin, err = strconv.ParseUint(string(row[0]), 10, 64); err != nil {
+		return req, fmt.Errorf("larder: read the snapshot: xmin: %w", err)
+	}
+	if req.Xmax, err = strconv.ParseUint(string(row[1]), 10, 64); err != nil {
+		return req, fmt.Errorf("larder: read the snapshot: xmax: %w", err)
+	}
+	list, open := strings.CutPrefix(string(row[2]), "{")
+	list, closed := strings.CutSuffix(list, "}")
+	if !open || !closed {
+		return req, fmt.Errorf("larder: read the snapshot: in-progress list %q", row[2])
+	}
+	if list != "" {
+		for _, f := range strings.Split(list, ",") {
+			x, err := strconv.ParseUint(f, 10, 64)
+			if err != nil {
+				return req, fmt.Errorf("larder: read the snapshot: in-progress xid: %w", err)
+			}
+			req.Xip = append(req.Xip, x)
+		}
+	}
+	lsn, err := pglogrepl.ParseLSN(string(row[3]))
+	if err != nil {
+		return req, fmt.Errorf("larder: read the snapshot: WAL position: %w", err)
+	}
+	req.InsertLSN = uint64(lsn)
+	return req, nil
 }
 
 // closeConn ends the PostgreSQL transaction (read-only: nothing to keep)
