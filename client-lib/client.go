@@ -134,8 +134,10 @@ type Client struct {
 	nodes []*nodeClient
 	// keying is the live schema and the invalidator's coverage; epoch
 	// counts its reloads (sessions read their scope again after one).
-	keying     atomic.Pointer[keying]
-	epoch      atomic.Uint64
+	keying atomic.Pointer[keying]
+	epoch  atomic.Uint64
+	// descs are the descriptions of pipelined reads (piped.go).
+	descs      descCache
 	fileSchema *quma.Schema
 	wantSets   map[string][][]string
 	// registered holds the sets asked of the invalidator (SetName), so

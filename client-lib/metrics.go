@@ -27,6 +27,7 @@ type clientMetrics struct {
 	nodeBypassed *prometheus.CounterVec
 	nodeProbes   *prometheus.CounterVec
 	collapsed    prometheus.Counter
+	pipedReads   prometheus.Counter
 	// planRetries: statements run again at the same pin after a schema
 	// change made PostgreSQL refuse pgx's cached statement.
 	planRetries prometheus.Counter
@@ -71,6 +72,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		nodeBypassed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_node_bypassed_total", Help: "Cache-node calls not made because the node's circuit breaker was open (the read went to PostgreSQL, the put was dropped)."}, []string{"node"}),
 		nodeProbes:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_node_probes_total", Help: "Probes of cache-nodes whose circuit breaker was open."}, []string{"node"}),
 		collapsed:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_collapsed_misses_total", Help: "Misses that shared a concurrent identical load."}),
+		pipedReads:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_piped_reads_total", Help: "Misses read in the same round trip as their transaction's begin (snapshot import, table locks and storage check)."}),
 		sessionsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_sessions_dropped_total", Help: "Pooled connections closed because a read/write transaction changed their session state (SET, SET ROLE)."}),
 		scopeReads:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_session_state_reads_total", Help: "Reads of a database/sql connection's roles and settings after a statement that may have changed them."}),
 		rewrittenRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_rewritten_retries_total", Help: "Read-only transactions refused (ErrRetry) because a table they read was truncated or rewritten after their snapshot; the pins that old are dropped."}),
@@ -97,7 +99,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		m.fallbacks.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.sessionsDropped, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
+		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.pipedReads, m.sessionsDropped, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
 			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.functionCalls, m.templateReads)
 	}
 	return m

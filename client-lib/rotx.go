@@ -74,6 +74,9 @@ type ROTx struct {
 	// last: every read is recorded in each.
 	frames []*frame
 	trace  []string // where each result came from, for diagnostics
+	// pipe is the read whose miss fixes the transaction: its begin sends
+	// it along (piped.go).
+	pipe *pipedRead
 }
 
 // BeginRO starts a read-only transaction with a staleness limit (0: the
@@ -205,6 +208,20 @@ func (t *ROTx) begin(ctx context.Context, snapshot string, ts uint64, tables []s
 		return err
 	}
 	plan := t.planHold(tables, ts)
+	if q := t.pipe; q != nil && snapshot != "" {
+		// The first read that missed goes in the same round trip.
+		t.pipe = nil
+		stmts := []string{"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "SET TRANSACTION SNAPSHOT '" + snapshot + "'"}
+		if plan != nil {
+			stmts = append(stmts, plan.statements()...)
+		}
+		if sent, err := t.beginPiped(ctx, stmts, plan, ts, q); sent {
+			if errors.Is(err, errPipeAgain) {
+				return t.begin(ctx, snapshot, ts, tables)
+			}
+			return err
+		}
+	}
 	if plan == nil {
 		if _, err := t.conn.Exec(ctx, sql); err != nil {
 			_ = t.closeConn(ctx)
@@ -551,18 +568,32 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	t.c.stats.Misses.Add(1)
 	t.c.m.reads.WithLabelValues("database").Inc()
 	t.c.m.templateRead(tpl.ID, "database")
-	if err := t.fix(ctx, tables); err != nil {
+	var piped *pipedRead
+	if !t.fixed && t.remote == nil && !t.fallback && pipeable(runArgs) {
+		piped = &pipedRead{sql: runSQL, args: runArgs, scope: t.scope.key}
+		t.pipe = piped
+	}
+	err = t.fix(ctx, tables)
+	t.pipe = nil
+	if err != nil {
 		return nil, err
 	}
 	if t.fallback { // no pin left: uncached
 		return t.onDBUncached(ctx, runSQL, runArgs)
 	}
-	// Identical misses at the same snapshot load once. Every transaction
-	// holds its tables before it loads or waits (fix), so no load waits
-	// for a lock, and no waiter for a load that does.
-	v, err, shared := t.c.flight.Do(fmt.Sprintf("%x@%d", key, t.ts), func() (any, error) {
-		return t.onDB(ctx, runSQL, runArgs)
-	})
+	var v any
+	var shared bool
+	if piped != nil && piped.ran {
+		v = piped.res
+		t.c.m.pipedReads.Inc()
+	} else {
+		// Identical misses at the same snapshot load once. Every
+		// transaction holds its tables before it loads or waits (fix), so
+		// no load waits for a lock, and no waiter for a load that does.
+		v, err, shared = t.c.flight.Do(fmt.Sprintf("%x@%d", key, t.ts), func() (any, error) {
+			return t.onDB(ctx, runSQL, runArgs)
+		})
+	}
 	if planChanged(err) {
 		shared = false
 		v, err = t.replan(ctx, runSQL, runArgs, tables)

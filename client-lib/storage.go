@@ -121,6 +121,16 @@ func (p *holdPlan) sql() string {
 	return lock + p.fullSQL()
 }
 
+// statements are sql's statements, one by one (for a pipeline of
+// extended-protocol statements, which take one each).
+func (p *holdPlan) statements() []string {
+	lock := "LOCK TABLE " + p.list + " IN ACCESS SHARE MODE"
+	if p.facts != nil {
+		return []string{lock, p.currentSQL()}
+	}
+	return []string{lock, p.countSQL(), p.currentSQL()}
+}
+
 func (p *holdPlan) currentSQL() string {
 	cols := make([]string, len(p.lits))
 	for i, l := range p.lits {
@@ -136,13 +146,17 @@ func (p *holdPlan) currentSQL() string {
 // the statement names tables as the catalog does now, so after two
 // tables swapped names an old snapshot would read the other one's rows.
 func (p *holdPlan) fullSQL() string {
+	return p.countSQL() + "; " + p.currentSQL()
+}
+
+// countSQL counts the tables whose storage is not the snapshot's (fullSQL).
+func (p *holdPlan) countSQL() string {
 	return "SELECT count(*) FROM unnest(ARRAY[" + strings.Join(p.lits, ", ") + "], ARRAY[" + strings.Join(p.nsps, ", ") + "]::text[], ARRAY[" +
 		strings.Join(p.names, ", ") + "]::text[]) AS r(oid, nsp, rel) " +
 		"CROSS JOIN LATERAL (SELECT r.oid AS relid UNION SELECT p.relid FROM pg_catalog.pg_partition_tree(r.oid) AS p) AS t " +
 		"LEFT JOIN pg_catalog.pg_class c ON c.oid = t.relid " +
 		"WHERE c.oid IS NULL OR coalesce(pg_catalog.pg_relation_filenode(c.oid), 0) <> c.relfilenode " +
-		"OR (t.relid = r.oid AND (c.relname <> r.rel OR c.relnamespace <> (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = r.nsp))); " +
-		p.currentSQL()
+		"OR (t.relid = r.oid AND (c.relname <> r.rel OR c.relnamespace <> (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = r.nsp)))"
 }
 
 // textLiteral quotes s as an SQL string literal.
