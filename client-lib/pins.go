@@ -110,6 +110,12 @@ func (p *pinTracker) add(pin invalidation.Pin) {
 	defer p.mu.Unlock()
 	i := sort.Search(len(p.pins), func(i int) bool { return p.pins[i].LSN >= pin.LSN })
 	if i < len(p.pins) && p.pins[i].LSN == pin.LSN {
+		// Two pins see the same commits: keep the one taken later (the
+		// pincushion holds that one; an older one may be of a server run
+		// that ended).
+		if pin.TakenAt.After(p.pins[i].TakenAt) {
+			p.pins[i] = pin
+		}
 		return
 	}
 	p.pins = append(p.pins, invalidation.Pin{})
@@ -139,12 +145,13 @@ func (p *pinTracker) candidates(since time.Time, minLSN uint64) []invalidation.P
 	return out
 }
 
-// remove forgets a pin PostgreSQL no longer knows (released early).
-func (p *pinTracker) remove(lsn uint64) {
+// remove forgets a pin PostgreSQL no longer knows (released early, or
+// exported by a server run that ended).
+func (p *pinTracker) remove(gone invalidation.Pin) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, pin := range p.pins {
-		if pin.LSN == lsn {
+		if pin.LSN == gone.LSN && pin.SnapshotID == gone.SnapshotID && pin.ServerStart.Equal(gone.ServerStart) {
 			p.pins = append(p.pins[:i], p.pins[i+1:]...)
 			return
 		}
