@@ -7,7 +7,9 @@
 // looks in the L1, then on the key's cache-node, for a result valid
 // somewhere in the span the candidates still cover; a hit narrows the
 // candidates to its validity interval. A miss fixes the transaction at the
-// newest candidate (SET TRANSACTION SNAPSHOT), runs there, and puts the
+// newest candidate (SET TRANSACTION SNAPSHOT; a pin exported by another
+// run of the PostgreSQL server than the connection's is dropped instead:
+// snapshot ids repeat across restarts), runs there, and puts the
 // result into the L1 and, asynchronously, the cache-node with the tags
 // qumaana computes for it. Every result therefore equals the result at one
 // snapshot. With no usable pin the transaction runs uncached on a fresh

@@ -10,10 +10,14 @@ import (
 )
 
 // Pin names a pinned snapshot: the snapshot the pincushion exported and
-// holds open, and its exact commit-LSN timestamp.
+// holds open, its exact commit-LSN timestamp, and the start time of the
+// PostgreSQL server that exported it (zero: unknown). Snapshot ids repeat
+// across server restarts: a pin is imported only on a connection to a
+// server that started at ServerStart.
 type Pin struct {
-	SnapshotID string
-	LSN        uint64
+	SnapshotID  string
+	LSN         uint64
+	ServerStart time.Time
 }
 
 // LoadRequest is what a Loader needs to begin a transaction's PostgreSQL
@@ -54,7 +58,8 @@ type LoadRequest struct {
 type Loader interface {
 	// BeginAt imports the pin's snapshot, holds req.Tables and checks
 	// their storage, as the direct path does. Errors: PostgreSQL's for a
-	// released snapshot (SQLSTATE 22023, 55000), one wrapping ErrRetry
+	// released snapshot (SQLSTATE 22023, 55000; also 22023 for a pin
+	// whose server start is not the connection's), one wrapping ErrRetry
 	// when a table was rewritten after the pin, one wrapping
 	// ErrLoaderUnavailable when the Loader cannot take the transaction
 	// (the client then begins on its own connection at the same pin).
@@ -86,9 +91,9 @@ var ErrLoaderUnavailable = errors.New("larder: the loader cannot take the transa
 // own connection.
 func (t *ROTx) beginAt(ctx context.Context, pin invalidation.Pin, tables []string) error {
 	if t.c.loader == nil || (t.session != nil && t.scope.key == "") {
-		return t.begin(ctx, pin.SnapshotID, pin.LSN, tables)
+		return t.begin(ctx, pin, tables)
 	}
-	tx, err := t.c.loader.BeginAt(ctx, LoadRequest{Pin: Pin{SnapshotID: pin.SnapshotID, LSN: pin.LSN}, Tables: tables, SQLFormats: t.sqlFormats,
+	tx, err := t.c.loader.BeginAt(ctx, LoadRequest{Pin: Pin{SnapshotID: pin.SnapshotID, LSN: pin.LSN, ServerStart: pin.ServerStart}, Tables: tables, SQLFormats: t.sqlFormats,
 		Scope: t.scope.key, Session: t.session != nil, SearchPath: t.scope.path})
 	if err == nil {
 		t.remote = tx
@@ -98,7 +103,7 @@ func (t *ROTx) beginAt(ctx context.Context, pin invalidation.Pin, tables []strin
 		return err
 	}
 	t.c.lm.noteFallback()
-	return t.begin(ctx, pin.SnapshotID, pin.LSN, tables)
+	return t.begin(ctx, pin, tables)
 }
 
 // DirectLoader returns the direct path as a Loader: transactions on the
@@ -116,12 +121,13 @@ func (l directLoader) BeginAt(ctx context.Context, req LoadRequest) (PinnedTx, e
 		return nil, fmt.Errorf("%w: the requester's session scope is not this client's", ErrLoaderUnavailable)
 	}
 	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), scope: scope, sqlFormats: req.SQLFormats, begun: time.Now()}
-	if err := t.begin(ctx, req.Pin.SnapshotID, req.Pin.LSN, req.Tables); err != nil {
+	pin := invalidation.Pin{SnapshotID: req.Pin.SnapshotID, LSN: req.Pin.LSN, ServerStart: req.Pin.ServerStart}
+	if err := t.begin(ctx, pin, req.Tables); err != nil {
 		t.release()
 		return nil, err
 	}
-	t.fixed, t.ts, t.snapshot = true, req.Pin.LSN, req.Pin.SnapshotID
-	t.cands = []invalidation.Pin{{LSN: req.Pin.LSN, SnapshotID: req.Pin.SnapshotID}}
+	t.fixed, t.ts, t.pin = true, pin.LSN, pin
+	t.cands = []invalidation.Pin{pin}
 	return directTx{t}, nil
 }
 

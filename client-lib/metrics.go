@@ -55,6 +55,10 @@ type clientMetrics struct {
 	functionCalls *prometheus.CounterVec
 	// templateReads: reads by query template and source (templateRead).
 	templateReads *prometheus.CounterVec
+	// pinsOtherServer: pins not imported because the PostgreSQL server
+	// that exported them is not the connection's (it restarted since).
+	pinsOtherServer prometheus.Counter
+
 	mu            sync.Mutex
 	seenReasons   map[string]bool // guarded by mu
 	seenTemplates map[string]bool // guarded by mu
@@ -83,6 +87,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		earlyPuts:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_puts_before_tag_set_total", Help: "Results not put on a cache-node because a tag column set they key on was registered after their snapshot (kept in the L1 only)."}),
 		functionCalls:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_function_calls_total", Help: "Cacheable function calls, by outcome: l1 and node (hits), run (run and cached), uncacheable (run, not cached: it read something uncacheable)."}, []string{"outcome"}),
 		templateReads:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_reads_total", Help: "Reads in read-only transactions by query template (its id, the pg_query fingerprint; the first 500 templates, then \"other\") and source: l1 and node (hits), database (a miss, computed at the snapshot and cached), uncached (run at the snapshot, not cached)."}, []string{"template", "source"}),
+		pinsOtherServer:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_pins_other_server_total", Help: "Pins not imported because they were exported by another run of the PostgreSQL server than the connection's (it restarted since; snapshot ids repeat across restarts): each is dropped like a released pin and the transaction tries its next one."}),
 		seenReasons:      map[string]bool{},
 		seenTemplates:    map[string]bool{},
 	}
@@ -100,7 +105,8 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.pipedReads, m.sessionsDropped, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
-			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.functionCalls, m.templateReads)
+			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.functionCalls, m.templateReads,
+			m.pinsOtherServer)
 	}
 	return m
 }

@@ -138,7 +138,7 @@ func (c *Client) OriginStats() OriginStats {
 }
 
 func (l *originLoader) BeginAt(ctx context.Context, req LoadRequest) (PinnedTx, error) {
-	s, err := l.cl.Begin(ctx, &origin.Begin{Snapshot: req.Pin.SnapshotID, TS: req.Pin.LSN, SQLFormats: req.SQLFormats, Scope: req.Scope, Tables: req.Tables})
+	s, err := l.cl.Begin(ctx, &origin.Begin{Snapshot: req.Pin.SnapshotID, TS: req.Pin.LSN, ServerStart: req.Pin.ServerStart, SQLFormats: req.SQLFormats, Scope: req.Scope, Tables: req.Tables})
 	if err != nil {
 		return nil, l.unavailable(originError(err))
 	}

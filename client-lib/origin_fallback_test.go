@@ -111,9 +111,9 @@ func TestOriginFallbacks(t *testing.T) {
 					}
 					got[id] = b
 				}
-				if tx.remote != nil || !tx.fixed || tx.fallback || tx.now || tx.snapshot == "" {
+				if tx.remote != nil || !tx.fixed || tx.fallback || tx.now || tx.pin.SnapshotID == "" {
 					t.Fatalf("the transaction is not on its own connection at a pin: remote %v, fixed %v, fallback %v, fresh %v, snapshot %q",
-						tx.remote != nil, tx.fixed, tx.fallback, tx.now, tx.snapshot)
+						tx.remote != nil, tx.fixed, tx.fallback, tx.now, tx.pin.SnapshotID)
 				}
 				if err := tx.Commit(ctx); err != nil {
 					t.Fatal(err)

@@ -18,6 +18,13 @@ import (
 // TLS on a loopback port; it returns its address and the edge's TLS.
 func startOrigin(t testing.TB, pgURL string) (string, *tls.Config, *origin.Server) {
 	t.Helper()
+	addr, edgeTLS, srv, _ := startOriginPinned(t, pgURL)
+	return addr, edgeTLS, srv
+}
+
+// startOriginPinned is startOrigin, also returning the origin's client.
+func startOriginPinned(t testing.TB, pgURL string) (string, *tls.Config, *origin.Server, *Client) {
+	t.Helper()
 	dir := t.TempDir()
 	ca, err := pki.NewCA("origin-test", time.Hour)
 	if err != nil {
@@ -71,7 +78,7 @@ func startOrigin(t testing.TB, pgURL string) (string, *tls.Config, *origin.Serve
 		<-done
 		oc.Close()
 	})
-	return ln.Addr().String(), edgeTLS, srv
+	return ln.Addr().String(), edgeTLS, srv, oc
 }
 
 // The history checker with the readers' misses going through an origin:

@@ -43,7 +43,7 @@ func (c *Client) OriginBackend() origin.Backend { return originBackend{c.DirectL
 type originBackend struct{ l Loader }
 
 func (b originBackend) Begin(ctx context.Context, r *origin.Begin) (origin.Tx, error) {
-	tx, err := b.l.BeginAt(ctx, LoadRequest{Pin: Pin{SnapshotID: r.Snapshot, LSN: r.TS}, Tables: r.Tables, SQLFormats: r.SQLFormats, Scope: r.Scope})
+	tx, err := b.l.BeginAt(ctx, LoadRequest{Pin: Pin{SnapshotID: r.Snapshot, LSN: r.TS, ServerStart: r.ServerStart}, Tables: r.Tables, SQLFormats: r.SQLFormats, Scope: r.Scope})
 	if err != nil {
 		return nil, toOrigin(err)
 	}

@@ -127,8 +127,9 @@ func (p *pinTracker) add(pin invalidation.Pin) {
 	defer p.mu.Unlock()
 	i := sort.Search(len(p.pins), func(i int) bool { return p.pins[i].LSN >= pin.LSN })
 	if i < len(p.pins) && p.pins[i].LSN == pin.LSN {
-		// The pincushion replaces a pin by a newer one at the same LSN
-		// (no commit came between them) and releases the older.
+		// Two pins see the same commits: keep the one taken later (the
+		// pincushion holds that one and releases the older; an older one
+		// may also be of a server run that ended).
 		if pin.TakenAt.After(p.pins[i].TakenAt) {
 			p.pins[i] = pin
 		}
@@ -162,12 +163,13 @@ func (p *pinTracker) candidates(since time.Time, minLSN uint64) []invalidation.P
 }
 
 // remove forgets a pin the pincushion released, or PostgreSQL no longer
-// knows (released early); not another pin at its LSN.
+// knows (released early, or exported by a server run that ended); not
+// another pin at its LSN.
 func (p *pinTracker) remove(gone invalidation.Pin) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, pin := range p.pins {
-		if pin.LSN == gone.LSN && pin.SnapshotID == gone.SnapshotID {
+		if pin.LSN == gone.LSN && pin.SnapshotID == gone.SnapshotID && pin.ServerStart.Equal(gone.ServerStart) {
 			p.pins = append(p.pins[:i], p.pins[i+1:]...)
 			return
 		}

@@ -57,7 +57,7 @@ type ROTx struct {
 	// same values cached or not; such results are keyed apart.
 	sqlFormats bool
 	ts         uint64
-	snapshot   string // the pin's exported snapshot once fixed at one
+	pin        invalidation.Pin // the pin once fixed at one (no snapshot id at a fresh snapshot)
 	// fallback: no pin was usable; the transaction runs on a fresh
 	// snapshot, without the cache.
 	fallback bool
@@ -135,7 +135,7 @@ func (t *ROTx) Placed() bool { return !t.fallback }
 func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
 	if !t.c.nc.IsConnected() || !t.c.pins.placing(time.Now()) {
 		// No one to place it: uncached on a fresh snapshot.
-		if err := t.begin(ctx, "", 0, nil); err != nil {
+		if err := t.begin(ctx, invalidation.Pin{}, nil); err != nil {
 			return false, err
 		}
 		if !t.c.nc.IsConnected() {
@@ -191,12 +191,17 @@ func (t *ROTx) fallBack(reason string) {
 	t.c.m.fallbacks.WithLabelValues(reason).Inc()
 }
 
-// begin opens the PostgreSQL transaction, at a snapshot when one is
-// given, and holds tables (holdTables) in the same round trip.
-func (t *ROTx) begin(ctx context.Context, snapshot string, ts uint64, tables []string) error {
+// begin opens the PostgreSQL transaction, at pin's snapshot when it has
+// one (else at a fresh snapshot), and holds tables (holdTables) in the
+// same round trip. A pin exported by another run of the PostgreSQL server
+// than the connection's is not imported: its snapshot id may name another
+// snapshot of this run. It is refused as PostgreSQL refuses a released
+// one (snapshotGone), with no transaction begun.
+func (t *ROTx) begin(ctx context.Context, pin invalidation.Pin, tables []string) error {
 	// One round trip: BEGIN, SET TRANSACTION SNAPSHOT and the tables' locks
 	// as one simple query (the snapshot id comes from the pin format, which
 	// allows only [0-9A-Za-z_-]).
+	snapshot, ts := pin.SnapshotID, pin.LSN
 	sql := "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 	if snapshot != "" {
 		if err := invalidation.PinValidSnapshotID(snapshot); err != nil {
@@ -206,6 +211,18 @@ func (t *ROTx) begin(ctx context.Context, snapshot string, ts uint64, tables []s
 	}
 	if err := t.acquire(ctx); err != nil {
 		return err
+	}
+	if snapshot != "" && !pin.ServerStart.IsZero() {
+		start, err := connServerStart(ctx, t.conn)
+		if err != nil {
+			_ = t.closeConn(ctx)
+			return err
+		}
+		if pin.OtherServer(start) {
+			t.c.m.pinsOtherServer.Inc()
+			t.dropConn() // healthy, and in no transaction
+			return errOtherServer(pin, start)
+		}
 	}
 	plan := t.planHold(tables, ts)
 	if q := t.pipe; q != nil && snapshot != "" {
@@ -217,7 +234,7 @@ func (t *ROTx) begin(ctx context.Context, snapshot string, ts uint64, tables []s
 		}
 		if sent, err := t.beginPiped(ctx, stmts, plan, ts, q); sent {
 			if errors.Is(err, errPipeAgain) {
-				return t.begin(ctx, snapshot, ts, tables)
+				return t.begin(ctx, pin, tables)
 			}
 			return err
 		}
@@ -320,6 +337,54 @@ func parseNowSnapshot(results []*pgconn.Result) (invalidation.PinVerifyRequest, 
 	return req, nil
 }
 
+// dropConn lets go of the connection, which holds no transaction: a
+// pooled one goes back to the pool.
+func (t *ROTx) dropConn() {
+	if t.pooled != nil {
+		t.pooled.Release()
+		t.pooled = nil
+	}
+	t.conn = nil
+}
+
+// serverStartKey keys a connection's server start in its CustomData.
+const serverStartKey = "larder.server-start"
+
+// connServerStart returns when the PostgreSQL server conn is connected to
+// started (pg_postmaster_start_time()). A connection does not outlive its
+// server: the time is read on the connection's first need and kept in its
+// CustomData, one query per connection.
+func connServerStart(ctx context.Context, conn dbConn) (time.Time, error) {
+	data := pgConnOf(conn).CustomData()
+	if start, ok := data[serverStartKey].(time.Time); ok {
+		return start, nil
+	}
+	var start time.Time
+	if err := conn.QueryRow(ctx, "SELECT pg_postmaster_start_time()").Scan(&start); err != nil {
+		return time.Time{}, fmt.Errorf("larder: read the PostgreSQL server's start time: %w", err)
+	}
+	data[serverStartKey] = start
+	return start, nil
+}
+
+// errPinOtherServer marks a pin exported by another run of the PostgreSQL
+// server than the connection's (errOtherServer).
+var errPinOtherServer = errors.New("larder: the pin was exported by another run of the PostgreSQL server")
+
+// errOtherServer refuses pin on a connection to the server run that
+// started at start. Exported snapshot ids (backend id, local xid, counter)
+// repeat across server restarts: the id may name a snapshot of this run,
+// at another timestamp than the pin's. The error is PostgreSQL's
+// "invalid snapshot identifier" (22023) for a released snapshot, so that
+// the transaction drops the pin and tries its next one (snapshotGone), on
+// the client's own connections as at an origin (whose edge receives the
+// SQLSTATE).
+func errOtherServer(pin invalidation.Pin, start time.Time) error {
+	return fmt.Errorf("%w: %w", errPinOtherServer, &pgconn.PgError{Severity: "ERROR", Code: "22023",
+		Message: fmt.Sprintf("snapshot %q was exported by the PostgreSQL server started at %s; this connection's started at %s",
+			pin.SnapshotID, pin.ServerStart.UTC().Format(time.RFC3339Nano), start.UTC().Format(time.RFC3339Nano))})
+}
+
 // closeConn ends the PostgreSQL transaction (read-only: nothing to keep)
 // and gives a pooled connection back.
 func (t *ROTx) closeConn(ctx context.Context) error {
@@ -359,7 +424,7 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 			return err
 		}
 		if err == nil {
-			t.fixed, t.ts, t.snapshot = true, pin.LSN, pin.SnapshotID
+			t.fixed, t.ts, t.pin = true, pin.LSN, pin
 			t.cands = []invalidation.Pin{pin}
 			return nil
 		}
@@ -367,7 +432,8 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 			return err
 		}
 		// The pin was released since (expired, thinned, or the
-		// pincushion restarted): forget it and try the next one.
+		// pincushion restarted), or PostgreSQL restarted since it was
+		// exported: forget it and try the next one.
 		t.c.pins.remove(pin)
 		t.cands = t.cands[:len(t.cands)-1]
 	}
@@ -730,10 +796,10 @@ func (t *ROTx) onDBUncached(ctx context.Context, sql string, args []any) (*Resul
 // and the statement runs once more; one at a fresh snapshot cannot take
 // it again: the caller must retry the transaction (ErrRetry).
 func (t *ROTx) replan(ctx context.Context, sql string, args []any, tables []string) (*Result, error) {
-	if t.snapshot != "" {
+	if t.pin.SnapshotID != "" {
 		t.c.m.planRetries.Inc()
 		_ = t.closeConn(ctx)
-		if err := t.beginAt(ctx, invalidation.Pin{SnapshotID: t.snapshot, LSN: t.ts}, tables); err != nil {
+		if err := t.beginAt(ctx, t.pin, tables); err != nil {
 			return nil, err
 		}
 		if res, err := t.onDB(ctx, sql, args); !planChanged(err) {
@@ -816,7 +882,8 @@ func pgConnOf(c dbConn) *pgconn.PgConn {
 // snapshotGone reports PostgreSQL's refusal of SET TRANSACTION SNAPSHOT
 // for a snapshot whose exporting transaction has ended: "invalid snapshot
 // identifier" (22023), or "could not import the requested snapshot"
-// (55000).
+// (55000); also the client's own refusal of a pin exported by another run
+// of the server (errOtherServer, 22023).
 func snapshotGone(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "22023" || pgErr.Code == "55000")

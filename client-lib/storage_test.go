@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/larderdb/larder/internal/invalidation"
 )
 
 // TestStorageFacts walks the storage check through its cases with
@@ -26,7 +28,7 @@ func TestStorageFacts(t *testing.T) {
 	hold := func(snapshot string, ts uint64) error {
 		tx := &ROTx{c: c}
 		defer func() { _ = tx.closeConn(ctx) }()
-		return tx.begin(ctx, snapshot, ts, tables)
+		return tx.begin(ctx, invalidation.Pin{SnapshotID: snapshot, LSN: ts}, tables)
 	}
 	want := func(step string, err error, wantErr error, q, f float64) {
 		t.Helper()
@@ -65,7 +67,7 @@ func TestFailedStorageCheckReleasesTheConnection(t *testing.T) {
 	snapshot := exportSnapshot(t, s.url)
 	tables := []string{"public.pets"}
 	first := &ROTx{c: c}
-	if err := first.begin(ctx, snapshot, 100, tables); err != nil {
+	if err := first.begin(ctx, invalidation.Pin{SnapshotID: snapshot, LSN: 100}, tables); err != nil {
 		t.Fatal(err)
 	}
 	_ = first.closeConn(ctx)
@@ -78,7 +80,7 @@ func TestFailedStorageCheckReleasesTheConnection(t *testing.T) {
 	beforeFullCheckForTest = cancel
 	defer func() { beforeFullCheckForTest = nil }()
 	tx := &ROTx{c: c}
-	if err := tx.begin(cctx, snapshot, 100, tables); err == nil {
+	if err := tx.begin(cctx, invalidation.Pin{SnapshotID: snapshot, LSN: 100}, tables); err == nil {
 		t.Fatal("the cut-short check passed")
 	}
 	if tx.conn != nil || tx.pooled != nil {
@@ -113,7 +115,7 @@ CREATE TABLE dogs (id int PRIMARY KEY, name text NOT NULL); ALTER TABLE dogs REP
 	hold := func() error {
 		tx := &ROTx{c: c}
 		defer func() { _ = tx.closeConn(ctx) }()
-		return tx.begin(ctx, snapshot, 100, []string{"public.cats"})
+		return tx.begin(ctx, invalidation.Pin{SnapshotID: snapshot, LSN: 100}, []string{"public.cats"})
 	}
 	if err := hold(); err != nil { // records a fact for public.cats
 		t.Fatal(err)

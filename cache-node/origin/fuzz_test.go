@@ -3,6 +3,7 @@ package origin
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/larderdb/larder/internal/recipe"
 )
@@ -13,6 +14,7 @@ import (
 func FuzzDecode(f *testing.F) {
 	f.Add(AppendHello(nil, &Hello{Version: ProtoVersion, EdgeID: "e", Reset: true, Budget: recipe.AppendReset(nil, recipe.DefaultConfig())}))
 	f.Add(AppendBegin(nil, &Begin{Snapshot: "00000003-1", TS: 9, SQLFormats: true, Scope: "k", Tables: []string{"public.a"}}))
+	f.Add(AppendBegin(nil, &Begin{Snapshot: "00000003-1", TS: 9, ServerStart: time.Date(2026, 5, 1, 12, 0, 0, 123456000, time.UTC), Tables: []string{"public.a"}}))
 	q, _ := AppendQuery(nil, &Query{SQL: "SELECT $1", Args: []any{int64(1), "a", nil, []int64{1}, 2.5}})
 	f.Add(q)
 	f.Add(AppendError(nil, &RemoteError{Kind: kindPostgres, Code: "22023", Message: "m"}))

@@ -72,6 +72,11 @@ func DecodeHello(b []byte) (Hello, error) {
 type Begin struct {
 	Snapshot string // the pin's exported snapshot
 	TS       uint64 // the pin's commit LSN
+	// ServerStart is the start time of the PostgreSQL server that exported
+	// the snapshot (zero: unknown). Snapshot ids repeat across server
+	// restarts: the origin refuses the pin as released when its own
+	// connection's server started at another time.
+	ServerStart time.Time
 	// SQLFormats: results in the formats database/sql's driver asks for.
 	SQLFormats bool
 	// Scope is the edge's session scope key: the origin refuses (ErrScope)
@@ -80,7 +85,13 @@ type Begin struct {
 	Tables []string
 }
 
-const beginSQLFormats = 1
+// Begin flags. A begin without a server start is the same bytes as
+// before the flag existed; an origin that does not know the flag refuses
+// a begin carrying it (unknown flags) rather than import the pin unchecked.
+const (
+	beginSQLFormats  = 1
+	beginServerStart = 2 // a varint server start (Unix ns, non-zero) follows the flags
+)
 
 // AppendBegin encodes b.
 func AppendBegin(dst []byte, b *Begin) []byte {
@@ -90,9 +101,24 @@ func AppendBegin(dst []byte, b *Begin) []byte {
 	if b.SQLFormats {
 		f |= beginSQLFormats
 	}
+	start := serverStartNanos(b.ServerStart)
+	if start != 0 {
+		f |= beginServerStart
+	}
 	dst = append(dst, f)
+	if start != 0 {
+		dst = binary.AppendVarint(dst, start)
+	}
 	dst = wire.AppendString(dst, b.Scope)
 	return AppendTables(dst, b.Tables)
+}
+
+// serverStartNanos is t in Unix nanoseconds, 0 for the zero time.
+func serverStartNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }
 
 // DecodeBegin decodes a begin.
@@ -100,10 +126,19 @@ func DecodeBegin(b []byte) (Begin, error) {
 	d := wire.Decoder{B: b, Wrap: ErrProtocol}
 	r := Begin{Snapshot: d.String("snapshot"), TS: d.Uvarint("ts")}
 	f := d.Byte("flags")
-	if f&^beginSQLFormats != 0 {
+	if f&^(beginSQLFormats|beginServerStart) != 0 {
 		d.Fail("unknown begin flags %#x", f)
 	}
 	r.SQLFormats = f&beginSQLFormats != 0
+	if f&beginServerStart != 0 {
+		switch ns := d.Varint("server start"); {
+		case d.Err != nil:
+		case ns == 0:
+			d.Fail("server start flag without a server start")
+		default:
+			r.ServerStart = time.Unix(0, ns).UTC()
+		}
+	}
 	r.Scope = d.String("scope")
 	r.Tables = tables(&d)
 	return r, d.End()

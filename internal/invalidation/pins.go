@@ -10,8 +10,8 @@ package invalidation
 //	p.pins.list       request with any payload; reply: pin list of the pins held now
 //	p.pins.verify     request: verify request; reply: verify reply
 //
-// Every message starts with two bytes: the pin format version (PinVersion,
-// 1) and the kind. Integers are unsigned LEB128 varints ("uvarint") unless
+// Every message starts with two bytes: the pin format version (1 or 2)
+// and the kind. Integers are unsigned LEB128 varints ("uvarint") unless
 // said otherwise; a time is a signed zigzag varint of Unix nanoseconds,
 // 0 meaning unset; a string is a uvarint byte length and the bytes (valid
 // UTF-8). Nothing may follow the body.
@@ -25,11 +25,23 @@ package invalidation
 //	                          string reason (empty if ok, <= 1024 bytes)
 //
 //	pin-body                  uvarint LSN, time taken-at, time expires-at,
-//	                          string snapshot id (1..64 bytes of [0-9A-Za-z_-])
+//	                          string snapshot id (1..64 bytes of [0-9A-Za-z_-]),
+//	                          time server-start (version 2 only)
 //
 // Xids are 64-bit full transaction ids, as pg_current_snapshot() prints
 // them. The insert LSN is pg_current_wal_insert_lsn() read after the
 // snapshot was taken. A message is at most 1 MiB.
+//
+// Version 2 adds the server start to the pin-body: the
+// pg_postmaster_start_time() of the PostgreSQL server that exported the
+// snapshot, read in the same statement. Exported snapshot ids are unique
+// only within one run of the server (backend id, local xid, counter): after
+// a restart a new snapshot can get the id of an old one, and a client must
+// import a pin only on a connection to the server run that exported it. A
+// version 1 pin-body has no server start (decoded as unset: unknown).
+// Decoders read both versions of every kind. Pins and pin lists are written
+// in version 2; verify requests and replies, whose bodies are the same in
+// both versions, are written in version 1, which either build reads.
 
 import (
 	"encoding/binary"
@@ -38,8 +50,14 @@ import (
 	"unicode/utf8"
 )
 
-// PinVersion is the pin format version this package writes and reads.
-const PinVersion = 1
+// PinVersion is the pin format version this package writes pins and pin
+// lists in; it reads it and every earlier version (down to 1).
+const PinVersion = 2
+
+// pinVersionVerify is the version verify requests and replies are written
+// in: their bodies did not change in version 2, and a pincushion or client
+// of version 1 reads them.
+const pinVersionVerify = 1
 
 // Pin message kinds (the second byte).
 const (
@@ -61,11 +79,25 @@ const (
 // SET TRANSACTION SNAPSHOT 'SnapshotID' and sees exactly the transactions
 // whose commit LSN is <= LSN. TakenAt is when the snapshot was current;
 // the pincushion keeps it until ExpiresAt at the latest.
+//
+// ServerStart is the pg_postmaster_start_time() of the PostgreSQL server
+// that exported the snapshot (zero: unknown, a version 1 pin). Snapshot ids
+// repeat across server restarts: a pin must not be imported on a
+// connection to a server that started at another time, where its id may
+// name another snapshot.
 type Pin struct {
-	SnapshotID string
-	LSN        uint64
-	TakenAt    time.Time
-	ExpiresAt  time.Time
+	SnapshotID  string
+	LSN         uint64
+	TakenAt     time.Time
+	ExpiresAt   time.Time
+	ServerStart time.Time
+}
+
+// OtherServer reports whether the pin was exported by another run of the
+// PostgreSQL server than the one that started at serverStart: both are
+// known and differ. A pin whose server start is unknown is not.
+func (p Pin) OtherServer(serverStart time.Time) bool {
+	return !p.ServerStart.IsZero() && !serverStart.IsZero() && !p.ServerStart.Equal(serverStart)
 }
 
 // PinVerifyRequest asks the pincushion to verify a snapshot a client took
@@ -115,7 +147,7 @@ func PinValidSnapshotID(id string) error {
 	return nil
 }
 
-func pinHeader(kind byte) []byte { return []byte{PinVersion, kind} }
+func pinHeader(version, kind byte) []byte { return []byte{version, kind} }
 
 func pinAppendTime(dst []byte, t time.Time) []byte {
 	if t.IsZero() {
@@ -133,15 +165,16 @@ func pinAppendBody(dst []byte, p Pin) []byte {
 	dst = binary.AppendUvarint(dst, p.LSN)
 	dst = pinAppendTime(dst, p.TakenAt)
 	dst = pinAppendTime(dst, p.ExpiresAt)
-	return pinAppendString(dst, p.SnapshotID)
+	dst = pinAppendString(dst, p.SnapshotID)
+	return pinAppendTime(dst, p.ServerStart)
 }
 
 // EncodePin encodes a pin announcement.
-func EncodePin(p Pin) []byte { return pinAppendBody(pinHeader(pinKindPin), p) }
+func EncodePin(p Pin) []byte { return pinAppendBody(pinHeader(PinVersion, pinKindPin), p) }
 
 // EncodePinList encodes a list of pins (oldest first).
 func EncodePinList(pins []Pin) []byte {
-	b := binary.AppendUvarint(pinHeader(pinKindList), uint64(len(pins)))
+	b := binary.AppendUvarint(pinHeader(PinVersion, pinKindList), uint64(len(pins)))
 	for _, p := range pins {
 		b = pinAppendBody(b, p)
 	}
@@ -150,7 +183,7 @@ func EncodePinList(pins []Pin) []byte {
 
 // EncodePinVerifyRequest encodes a verify request.
 func EncodePinVerifyRequest(r PinVerifyRequest) []byte {
-	b := pinHeader(pinKindVerifyRequest)
+	b := pinHeader(pinVersionVerify, pinKindVerifyRequest)
 	b = binary.AppendUvarint(b, r.Xmin)
 	b = binary.AppendUvarint(b, r.Xmax)
 	b = binary.AppendUvarint(b, uint64(len(r.Xip)))
@@ -162,7 +195,7 @@ func EncodePinVerifyRequest(r PinVerifyRequest) []byte {
 
 // EncodePinVerifyReply encodes a verify reply.
 func EncodePinVerifyReply(r PinVerifyReply) []byte {
-	b := pinHeader(pinKindVerifyReply)
+	b := pinHeader(pinVersionVerify, pinKindVerifyReply)
 	if r.OK {
 		b = append(b, 1)
 	} else {
@@ -266,9 +299,10 @@ func DecodePinVerifyReply(b []byte) (PinVerifyReply, error) {
 
 // pinReader decodes a message body; the first error sticks.
 type pinReader struct {
-	what string
-	b    []byte
-	err  error
+	what    string
+	version byte
+	b       []byte
+	err     error
 }
 
 func pinOpen(b []byte, kind byte, what string) (*pinReader, error) {
@@ -278,13 +312,13 @@ func pinOpen(b []byte, kind byte, what string) (*pinReader, error) {
 	if len(b) > PinMaxMessage {
 		return nil, fmt.Errorf("%w: %s of %d bytes is over the %d limit", ErrCorrupt, what, len(b), PinMaxMessage)
 	}
-	if b[0] != PinVersion {
-		return nil, fmt.Errorf("%w: %s has pin format version %d (this build reads %d)", ErrVersion, what, b[0], PinVersion)
+	if b[0] < 1 || b[0] > PinVersion {
+		return nil, fmt.Errorf("%w: %s has pin format version %d (this build reads 1 to %d)", ErrVersion, what, b[0], PinVersion)
 	}
 	if b[1] != kind {
 		return nil, fmt.Errorf("%w: kind %#x where a %s (%#x) was expected", ErrKind, b[1], what, kind)
 	}
-	return &pinReader{what: what, b: b[2:]}, nil
+	return &pinReader{what: what, version: b[0], b: b[2:]}, nil
 }
 
 func (r *pinReader) fail(format string, args ...any) {
@@ -389,6 +423,9 @@ func (r *pinReader) body() Pin {
 		if err := PinValidSnapshotID(p.SnapshotID); err != nil {
 			r.fail("%v", err)
 		}
+	}
+	if r.version >= 2 {
+		p.ServerStart = r.time("server start")
 	}
 	return p
 }

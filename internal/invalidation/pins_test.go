@@ -1,6 +1,7 @@
 package invalidation
 
 import (
+	"encoding/binary"
 	"errors"
 	"reflect"
 	"strings"
@@ -10,15 +11,108 @@ import (
 
 func samplePins() []Pin {
 	at := time.Date(2026, 11, 22, 10, 0, 0, 123456789, time.UTC)
+	start := time.Date(2026, 11, 21, 8, 30, 0, 654321000, time.UTC)
 	return []Pin{
-		{SnapshotID: "00000003-0000001B-1", LSN: 0x16B3748, TakenAt: at, ExpiresAt: at.Add(time.Minute)},
-		{SnapshotID: "00000004-00000020-1", LSN: 0x1_0000_0000, TakenAt: at.Add(200 * time.Millisecond), ExpiresAt: at.Add(time.Minute + 200*time.Millisecond)},
+		{SnapshotID: "00000003-0000001B-1", LSN: 0x16B3748, TakenAt: at, ExpiresAt: at.Add(time.Minute), ServerStart: start},
+		{SnapshotID: "00000004-00000020-1", LSN: 0x1_0000_0000, TakenAt: at.Add(200 * time.Millisecond), ExpiresAt: at.Add(time.Minute + 200*time.Millisecond), ServerStart: start},
 		{SnapshotID: "x_y-Z", LSN: 1},
 	}
 }
 
 func pinsEqual(a, b Pin) bool {
-	return a.SnapshotID == b.SnapshotID && a.LSN == b.LSN && a.TakenAt.Equal(b.TakenAt) && a.ExpiresAt.Equal(b.ExpiresAt)
+	return a.SnapshotID == b.SnapshotID && a.LSN == b.LSN && a.TakenAt.Equal(b.TakenAt) && a.ExpiresAt.Equal(b.ExpiresAt) &&
+		a.ServerStart.Equal(b.ServerStart)
+}
+
+// pinV1Body encodes a pin's body as version 1 wrote it (no server start).
+func pinV1Body(dst []byte, p Pin) []byte {
+	dst = binary.AppendUvarint(dst, p.LSN)
+	dst = pinAppendTime(dst, p.TakenAt)
+	dst = pinAppendTime(dst, p.ExpiresAt)
+	return pinAppendString(dst, p.SnapshotID)
+}
+
+// TestPinVersion1 decodes pins and pin lists as a version 1 pincushion
+// writes them: the same pins, their server start unknown (zero).
+func TestPinVersion1(t *testing.T) {
+	pins := samplePins()
+	want := make([]Pin, len(pins))
+	for i, p := range pins {
+		p.ServerStart = time.Time{}
+		want[i] = p
+	}
+	for i, p := range pins {
+		got, err := DecodePin(pinV1Body([]byte{1, pinKindPin}, p))
+		if err != nil {
+			t.Fatalf("version 1 pin %d: %v", i, err)
+		}
+		if !pinsEqual(got, want[i]) || !got.ServerStart.IsZero() {
+			t.Fatalf("version 1 pin %d: got %+v, want %+v", i, got, want[i])
+		}
+	}
+	list := binary.AppendUvarint([]byte{1, pinKindList}, uint64(len(pins)))
+	for _, p := range pins {
+		list = pinV1Body(list, p)
+	}
+	got, err := DecodePinList(list)
+	if err != nil {
+		t.Fatalf("version 1 pin list: %v", err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("version 1 pin list: %d pins, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if !pinsEqual(got[i], want[i]) {
+			t.Fatalf("version 1 pin list item %d: got %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	// A version 1 body read as version 2 lacks the server start; a
+	// version 2 body read as version 1 has bytes after the end.
+	if _, err := DecodePin(pinV1Body([]byte{2, pinKindPin}, pins[0])); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("version 1 body labelled 2: error %v, want ErrCorrupt", err)
+	}
+	v2 := EncodePin(pins[0])
+	if v2[0] != 2 {
+		t.Fatalf("EncodePin writes version %d, want 2", v2[0])
+	}
+	v2[0] = 1
+	if _, err := DecodePin(v2); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("version 2 body labelled 1: error %v, want ErrCorrupt", err)
+	}
+	// Verify messages did not change: they are written in version 1 (a
+	// version 1 build reads them) and read in either.
+	q := PinVerifyRequest{Xmin: 5, Xmax: 9, Xip: []uint64{6}, InsertLSN: 7}
+	b := EncodePinVerifyRequest(q)
+	if b[0] != 1 {
+		t.Fatalf("EncodePinVerifyRequest writes version %d, want 1", b[0])
+	}
+	b[0] = 2
+	if got, err := DecodePinVerifyRequest(b); err != nil || !reflect.DeepEqual(got, q) {
+		t.Fatalf("version 2 verify request: %+v, %v", got, err)
+	}
+	r := EncodePinVerifyReply(PinVerifyReply{OK: true, TS: 3})
+	if r[0] != 1 {
+		t.Fatalf("EncodePinVerifyReply writes version %d, want 1", r[0])
+	}
+}
+
+func TestPinOtherServer(t *testing.T) {
+	a := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
+	b := a.Add(time.Microsecond)
+	for _, c := range []struct {
+		pin, conn time.Time
+		want      bool
+	}{
+		{a, a, false},
+		{a, a.In(time.FixedZone("x", 3600)), false},
+		{a, b, true},
+		{time.Time{}, a, false},
+		{a, time.Time{}, false},
+	} {
+		if got := (Pin{ServerStart: c.pin}).OtherServer(c.conn); got != c.want {
+			t.Errorf("pin started %v, connection %v: OtherServer = %v, want %v", c.pin, c.conn, got, c.want)
+		}
+	}
 }
 
 func TestPinRoundTrip(t *testing.T) {
@@ -94,6 +188,7 @@ func TestPinSubjects(t *testing.T) {
 
 func TestPinDecodeRejects(t *testing.T) {
 	pin := EncodePin(samplePins()[0])
+	noStart := EncodePin(samplePins()[2]) // ends in its snapshot id and a 1-byte unset server start
 	withByte := func(b []byte, i int, c byte) []byte {
 		b = append([]byte(nil), b...)
 		b[i] = c
@@ -108,8 +203,10 @@ func TestPinDecodeRejects(t *testing.T) {
 	}{
 		{"empty", decPin, nil, ErrCorrupt, "0 bytes"},
 		{"version", decPin, withByte(pin, 0, 9), ErrVersion, "version 9"},
+		{"version 0", decPin, withByte(pin, 0, 0), ErrVersion, "version 0"},
+		{"server start", decPin, pin[:len(pin)-1], ErrCorrupt, "server start"},
 		{"kind", decPin, EncodePinList(nil), ErrKind, "kind 0x11"},
-		{"truncated", decPin, pin[:len(pin)-3], ErrCorrupt, "snapshot id"},
+		{"truncated", decPin, noStart[:len(noStart)-3], ErrCorrupt, "snapshot id"},
 		{"trailing", decPin, append(append([]byte(nil), pin...), 0), ErrCorrupt, "after the end"},
 		{"bad id", decPin, EncodePin(Pin{SnapshotID: "x'; DROP", LSN: 1}), ErrCorrupt, "snapshot id"},
 		{"empty id", decPin, EncodePin(Pin{LSN: 1}), ErrCorrupt, "snapshot id"},
@@ -155,6 +252,8 @@ func FuzzPinDecode(f *testing.F) {
 	f.Add(EncodePinVerifyReply(PinVerifyReply{Reason: "no"}))
 	f.Add(EncodePinVerifyReply(PinVerifyReply{OK: true, TS: 12}))
 	f.Add([]byte{PinVersion, pinKindList, 0x80})
+	f.Add(pinV1Body([]byte{1, pinKindPin}, samplePins()[0]))
+	f.Add(append(binary.AppendUvarint([]byte{1, pinKindList}, 1), pinV1Body(nil, samplePins()[1])...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if p, err := DecodePin(b); err == nil {
 			again, err := DecodePin(EncodePin(p))

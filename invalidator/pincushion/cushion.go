@@ -465,11 +465,14 @@ func (c *Cushion) take(ctx context.Context) (h *heldPin, reason string, err erro
 		}
 	}()
 	// The snapshot is taken when this statement starts, so it is no older
-	// than takenAt, and the WAL insert LSN is read after it.
+	// than takenAt, and the WAL insert LSN is read after it. The server's
+	// start time ties the snapshot id to this run of the server: ids repeat
+	// after a restart.
 	takenAt := time.Now()
 	var id, snapText, wText string
-	err = tx.QueryRow(ctx, "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text").
-		Scan(&id, &snapText, &wText)
+	var serverStart time.Time
+	err = tx.QueryRow(ctx, "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, pg_postmaster_start_time()").
+		Scan(&id, &snapText, &wText, &serverStart)
 	if err != nil {
 		return nil, "", fmt.Errorf("export snapshot: %w", err)
 	}
@@ -494,7 +497,7 @@ func (c *Cushion) take(ctx context.Context) (h *heldPin, reason string, err erro
 		return nil, fmt.Sprintf("snapshot %s, W %s: %s", snapText, wText, reason), nil
 	}
 	return &heldPin{
-		pin:  Pin{SnapshotID: id, LSN: ts, TakenAt: takenAt, ExpiresAt: takenAt.Add(c.cfg.MaxStaleness)},
+		pin:  Pin{SnapshotID: id, LSN: ts, TakenAt: takenAt, ExpiresAt: takenAt.Add(c.cfg.MaxStaleness), ServerStart: serverStart},
 		conn: conn,
 		tx:   tx,
 	}, "", nil

@@ -4,7 +4,10 @@
 // REPEATABLE READ transaction, so that clients can run cache misses on it
 // with SET TRANSACTION SNAPSHOT. Every pin carries a timestamp, a commit
 // LSN T, and is exact: its snapshot sees precisely the transactions whose
-// commit LSN is <= T.
+// commit LSN is <= T. It also carries the server's start time
+// (pg_postmaster_start_time(), read with the snapshot): exported snapshot
+// ids repeat across server restarts, and clients import a pin only on a
+// connection to the server run that exported it.
 //
 // PostgreSQL builds snapshots from the proc array, whose order can differ
 // from WAL order for concurrent commits: a snapshot can see a transaction

@@ -316,6 +316,19 @@ func TestStressPinsAreExact(t *testing.T) {
 		}
 	}
 
+	// Every pin must carry the start time of this server.
+	var serverStart time.Time
+	if err := setup.QueryRow(ctx, "SELECT pg_postmaster_start_time()").Scan(&serverStart); err != nil {
+		t.Fatal(err)
+	}
+	var wrongStart atomic.Int64
+	checkStart := func(p Pin) {
+		if !p.ServerStart.Equal(serverStart) {
+			wrongStart.Add(1)
+			t.Errorf("pin %s carries server start %v, the server started at %v", p.SnapshotID, p.ServerStart, serverStart)
+		}
+	}
+
 	// The oracle: our own decoder of the commit stream.
 	o := newOracle()
 	log := NewCommitLog(0)
@@ -424,6 +437,7 @@ func TestStressPinsAreExact(t *testing.T) {
 	var importErrs []error
 	var importMu sync.Mutex
 	onPin := func(p Pin) {
+		checkStart(p)
 		var conn *pgx.Conn
 		select {
 		case conn = <-spare:
@@ -467,6 +481,7 @@ func TestStressPinsAreExact(t *testing.T) {
 			announceErrs.Add(1)
 			return
 		}
+		checkStart(p)
 		announced.Store(p.SnapshotID, p)
 	})
 	if err != nil {
@@ -583,6 +598,9 @@ func TestStressPinsAreExact(t *testing.T) {
 			if len(pins) > 8 {
 				return fmt.Errorf("list of %d pins, over the budget of 8", len(pins))
 			}
+			for _, p := range pins {
+				checkStart(p)
+			}
 			for i := 1; i < len(pins); i++ {
 				if pins[i].TakenAt.Before(pins[i-1].TakenAt) || pins[i].LSN < pins[i-1].LSN {
 					return fmt.Errorf("pin list out of order: %+v before %+v", pins[i-1], pins[i])
@@ -668,6 +686,7 @@ func TestStressPinsAreExact(t *testing.T) {
 	if st.Taken < st.Kept+st.Discarded || st.Taken > st.Kept+st.Discarded+1 {
 		t.Errorf("taken %d, kept %d, discarded %d: they do not add up", st.Taken, st.Kept, st.Discarded)
 	}
+	t.Logf("server started at %v; pins announced, listed or kept with another server start: %d", serverStart, wrongStart.Load())
 	if uint64(nAnnounced) != st.Kept || announceErrs.Load() != 0 {
 		t.Errorf("%d pins announced (%d undecodable), %d kept", nAnnounced, announceErrs.Load(), st.Kept)
 	}
