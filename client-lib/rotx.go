@@ -226,16 +226,20 @@ func (t *ROTx) begin(ctx context.Context, pin invalidation.Pin, tables []string)
 	}
 	plan := t.planHold(tables, ts)
 	if q := t.pipe; q != nil && snapshot != "" {
-		// The first read that missed goes in the same round trip.
-		t.pipe = nil
+		// The first read that missed goes in the same round trip (again
+		// with the next pin when this one is gone).
 		stmts := []string{"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "SET TRANSACTION SNAPSHOT '" + snapshot + "'"}
 		if plan != nil {
 			stmts = append(stmts, plan.statements()...)
 		}
-		if sent, err := t.beginPiped(ctx, stmts, plan, ts, q); sent {
-			if errors.Is(err, errPipeAgain) {
-				return t.begin(ctx, pin, tables)
-			}
+		sent, err := t.beginPiped(ctx, stmts, plan, ts, q)
+		if !sent || err == nil || errors.Is(err, errPipeAgain) {
+			t.pipe = nil
+		}
+		if errors.Is(err, errPipeAgain) {
+			return t.begin(ctx, pin, tables)
+		}
+		if sent {
 			return err
 		}
 	}
