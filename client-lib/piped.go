@@ -186,14 +186,7 @@ func (t *ROTx) beginPiped(ctx context.Context, stmts []string, plan *holdPlan, t
 func readRaw(rr *pgconn.ResultReader) (*Result, error) {
 	r := &Result{Fields: append([]pgconn.FieldDescription(nil), rr.FieldDescriptions()...)}
 	for rr.NextRow() {
-		vals := rr.Values()
-		row := make([][]byte, len(vals))
-		for i, v := range vals {
-			if v != nil {
-				row[i] = append([]byte{}, v...)
-			}
-		}
-		r.Rows = append(r.Rows, row)
+		r.Rows = append(r.Rows, copyRow(rr.Values()))
 	}
 	_, err := rr.Close()
 	return r, err

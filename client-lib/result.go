@@ -30,16 +30,21 @@ func readResult(rows pgx.Rows) (*Result, error) {
 	defer rows.Close()
 	r := &Result{Fields: append([]pgconn.FieldDescription(nil), rows.FieldDescriptions()...)}
 	for rows.Next() {
-		raw := rows.RawValues()
-		row := make([][]byte, len(raw))
-		for i, v := range raw {
-			if v != nil {
-				row[i] = append([]byte{}, v...)
-			}
-		}
-		r.Rows = append(r.Rows, row)
+		r.Rows = append(r.Rows, copyRow(rows.RawValues()))
 	}
 	return r, rows.Err()
+}
+
+// copyRow copies a row's raw values (valid only until the next row is
+// read); nil stays nil (NULL).
+func copyRow(raw [][]byte) [][]byte {
+	row := make([][]byte, len(raw))
+	for i, v := range raw {
+		if v != nil {
+			row[i] = append([]byte{}, v...)
+		}
+	}
+	return row
 }
 
 // encode appends the result's encoding: version, fields (name, table OID,
