@@ -22,7 +22,9 @@ import (
 // Describe); a read that fails there (a description gone stale, or any
 // other error) ends the pipelined attempt: the transaction begins again at
 // the same pin and the read runs the usual way, which gives the answer a
-// read not pipelined would have.
+// read not pipelined would have. A pipelined read is not shared with a
+// concurrent identical miss of the client (its begin could wait for a
+// lock, and no waiter may wait for a load that does); later misses are.
 
 // pipedRead is the read a transaction's first miss sends with its begin.
 type pipedRead struct {
