@@ -2,6 +2,7 @@ package larder
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,7 +60,7 @@ func TestFirstMissIsPipelined(t *testing.T) {
 		if err == nil {
 			t.Fatal("division by zero succeeded through the client")
 		}
-		if got := err.Error(); !contains(got, want) {
+		if got := err.Error(); !strings.Contains(got, want) {
 			t.Fatalf("error %q, want PostgreSQL's %q", got, want)
 		}
 	}
@@ -75,13 +76,4 @@ func TestFirstMissIsPipelined(t *testing.T) {
 	if piped() != 2 {
 		t.Fatalf("%v reads pipelined, want 2 (the failed ones read again on their own)", piped())
 	}
-}
-
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
-		}
-	}
-	return false
 }
