@@ -140,18 +140,20 @@ func (c *Client) OriginStats() OriginStats {
 func (l *originLoader) BeginAt(ctx context.Context, req LoadRequest) (PinnedTx, error) {
 	s, err := l.cl.Begin(ctx, &origin.Begin{Snapshot: req.Pin.SnapshotID, TS: req.Pin.LSN, ServerStart: req.Pin.ServerStart, SQLFormats: req.SQLFormats, Scope: req.Scope, Tables: req.Tables})
 	if err != nil {
-		return nil, l.unavailable(originError(err))
+		return nil, l.unavailable(ctx, originError(err))
 	}
 	return &originTx{l: l, s: s, session: req.Session, path: req.SearchPath}, nil
 }
 
 // unavailable marks the begin errors after which the transaction can
 // begin on the client's own connection: the origin busy, in another
-// scope, unreachable or failing for its own reasons. PostgreSQL's
-// answers (a released snapshot) and retries are the transaction's.
-func (l *originLoader) unavailable(err error) error {
+// scope, unreachable, not answering in time (its dial or handshake timed
+// out while the caller's context is live) or failing for its own
+// reasons. PostgreSQL's answers (a released snapshot), retries and the
+// end of the caller's own context are the transaction's.
+func (l *originLoader) unavailable(ctx context.Context, err error) error {
 	var re *origin.RemoteError
-	if errors.Is(err, ErrRetry) || (errors.As(err, &re) && re.Postgres()) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, ErrRetry) || (errors.As(err, &re) && re.Postgres()) || ctx.Err() != nil {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrLoaderUnavailable, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -240,5 +241,29 @@ func TestPoolSized(t *testing.T) {
 		if got := PoolSized(in, 64); got != want {
 			t.Errorf("%s: %s, want %s", in, got, want)
 		}
+	}
+}
+
+// An origin whose dial or handshake times out while the caller's context
+// is live is unavailable: the transaction begins on the client's own
+// connection. The end of the caller's own context, PostgreSQL's answers
+// and retries stay the transaction's.
+func TestOriginTimeoutIsUnavailable(t *testing.T) {
+	l := &originLoader{}
+	live := context.Background()
+	timedOut := fmt.Errorf("origin 127.0.0.1:1: %w", context.DeadlineExceeded)
+	if err := l.unavailable(live, timedOut); !errors.Is(err, ErrLoaderUnavailable) {
+		t.Fatalf("a dial timeout with the caller's context live: %v, want ErrLoaderUnavailable", err)
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := l.unavailable(done, fmt.Errorf("origin: %w", context.Canceled)); errors.Is(err, ErrLoaderUnavailable) {
+		t.Fatalf("the caller's own context ended: %v, want the error itself", err)
+	}
+	if err := l.unavailable(live, fmt.Errorf("origin: %w", ErrRetry)); errors.Is(err, ErrLoaderUnavailable) || !errors.Is(err, ErrRetry) {
+		t.Fatalf("a retry: %v, want ErrRetry itself", err)
+	}
+	if err := l.unavailable(live, errors.New("origin: connection refused")); !errors.Is(err, ErrLoaderUnavailable) {
+		t.Fatalf("a refused connection: %v, want ErrLoaderUnavailable", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/larderdb/larder/internal/recipe"
 )
@@ -176,5 +177,28 @@ func TestArgsRoundTrip(t *testing.T) {
 	want := fmt.Sprint([]any{nil, true, false, int64(-5), int64(7), uint64(9), 2.5, float32(1.5), "s", []byte("b"), []int64{1, 2}, []string{"a", "b"}, []int64{3}})
 	if got := fmt.Sprint(q.Args); got != want {
 		t.Fatalf("got %s, want %s", got, want)
+	}
+}
+
+// Serve closes the listener it is given when it returns, also when the
+// server was closed before it ran: a listener left open would complete
+// edges' TCP handshakes that no one answers (each edge then waits for its
+// dial to time out instead of falling back at once).
+func TestServeClosesItsListener(t *testing.T) {
+	srv, err := New(Config{}, &memBackend{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = srv.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Serve(context.Background(), ln); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Serve on a closed server: %v, want net.ErrClosed", err)
+	}
+	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Fatal("the listener given to a closed server still accepts connections")
 	}
 }

@@ -149,8 +149,12 @@ func (s *Server) Tracker(edge string) *recipe.Tracker {
 	return s.edges[edge]
 }
 
-// Serve accepts connections on ln until ctx ends or Close.
+// Serve accepts connections on ln until ctx ends or Close, and closes ln
+// when it returns (at once when the server is closed already).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	// The listener is closed when Serve returns, whatever the reason: one
+	// left open would take edges' connections that no one answers.
+	defer ln.Close()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
