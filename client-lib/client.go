@@ -508,7 +508,7 @@ func (t *RWTx) Commit(ctx context.Context) error {
 	}
 	t.done = true
 	defer t.release(ctx)
-	lsn, err := commitReadingWAL(ctx, t.Tx, t.conn.Conn())
+	lsn, err := commitReadingWAL(ctx, t.conn.Conn(), func() error { return t.Tx.Commit(ctx) })
 	if err != nil {
 		return err
 	}
@@ -516,16 +516,17 @@ func (t *RWTx) Commit(ctx context.Context) error {
 	return nil
 }
 
-// commitReadingWAL commits tx, the transaction open on conn, and reads
-// the WAL insert position after it in the same round trip (the commit's
-// record is before it). A COMMIT of a transaction a failed statement
-// aborted rolls back: pgx.ErrTxCommitRollback, as pgx's own Commit says,
-// and no position. When the commit fails otherwise and the connection is
-// still inside the transaction, it is closed, as pgx does. A connection
-// not inside a transaction is left to tx's own Commit (which says why).
-func commitReadingWAL(ctx context.Context, tx pgx.Tx, conn *pgx.Conn) (uint64, error) {
+// commitReadingWAL commits the transaction open on conn and reads the WAL
+// insert position after it in the same round trip (the commit's record is
+// before it). A COMMIT of a transaction a failed statement aborted rolls
+// back: pgx.ErrTxCommitRollback, as pgx's own Commit says, and no
+// position. When the commit fails otherwise and the connection is still
+// inside the transaction, it is closed, as pgx does. A connection not
+// inside a transaction is left to commit, the transaction's own Commit
+// (which says why), and the position read after it.
+func commitReadingWAL(ctx context.Context, conn *pgx.Conn, commit func() error) (uint64, error) {
 	if st := conn.PgConn().TxStatus(); st != 'T' && st != 'E' {
-		if err := tx.Commit(ctx); err != nil {
+		if err := commit(); err != nil {
 			return 0, err
 		}
 		return walAfterCommit(ctx, conn)

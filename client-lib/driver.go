@@ -536,15 +536,7 @@ func (t *rwTx) Commit() error {
 	// persists past the commit) marked the scope stale as it ran.
 	t.c.inRW = false
 	ctx := context.Background()
-	pc := t.c.Conn.Conn()
-	if st := pc.PgConn().TxStatus(); st != 'T' && st != 'E' {
-		if err := t.Tx.Commit(); err != nil {
-			return err
-		}
-		return t.c.noteWritten(ctx, t.sess)
-	}
-	// COMMIT and the WAL position in one round trip (commitWAL).
-	lsn, err := commitWAL(ctx, pc)
+	lsn, err := commitReadingWAL(ctx, t.c.Conn.Conn(), t.Tx.Commit)
 	if err != nil {
 		return err
 	}

@@ -191,6 +191,9 @@ func (t *ROTx) fallBack(reason string) {
 	t.c.m.fallbacks.WithLabelValues(reason).Inc()
 }
 
+// beginReadOnly begins a read-only transaction's PostgreSQL part.
+const beginReadOnly = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
 // begin opens the PostgreSQL transaction, at pin's snapshot when it has
 // one (else at a fresh snapshot), and holds tables (holdTables) in the
 // same round trip. A pin exported by another run of the PostgreSQL server
@@ -202,7 +205,7 @@ func (t *ROTx) begin(ctx context.Context, pin invalidation.Pin, tables []string)
 	// as one simple query (the snapshot id comes from the pin format, which
 	// allows only [0-9A-Za-z_-]).
 	snapshot, ts := pin.SnapshotID, pin.LSN
-	sql := "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+	sql := beginReadOnly
 	if snapshot != "" {
 		if err := invalidation.PinValidSnapshotID(snapshot); err != nil {
 			return err
@@ -228,7 +231,7 @@ func (t *ROTx) begin(ctx context.Context, pin invalidation.Pin, tables []string)
 	if q := t.pipe; q != nil && snapshot != "" {
 		// The first read that missed goes in the same round trip (again
 		// with the next pin when this one is gone).
-		stmts := []string{"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "SET TRANSACTION SNAPSHOT '" + snapshot + "'"}
+		stmts := []string{beginReadOnly, "SET TRANSACTION SNAPSHOT '" + snapshot + "'"}
 		if plan != nil {
 			stmts = append(stmts, plan.statements()...)
 		}
@@ -291,7 +294,7 @@ func (t *ROTx) beginNow(ctx context.Context) (invalidation.PinVerifyRequest, err
 	if err := t.acquire(ctx); err != nil {
 		return invalidation.PinVerifyRequest{}, err
 	}
-	results, err := pgConnOf(t.conn).Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "+nowSnapshotSQL).ReadAll()
+	results, err := pgConnOf(t.conn).Exec(ctx, beginReadOnly+"; "+nowSnapshotSQL).ReadAll()
 	if err != nil {
 		_ = t.closeConn(ctx)
 		return invalidation.PinVerifyRequest{}, err

@@ -113,16 +113,10 @@ func (t *ROTx) planHold(tables []string, ts uint64) *holdPlan {
 
 // sql is the lock and, when every table has a fact, the quick check (the
 // tables' current storage), else the whole check.
-func (p *holdPlan) sql() string {
-	lock := "LOCK TABLE " + p.list + " IN ACCESS SHARE MODE; "
-	if p.facts != nil {
-		return lock + p.currentSQL()
-	}
-	return lock + p.fullSQL()
-}
+func (p *holdPlan) sql() string { return strings.Join(p.statements(), "; ") }
 
-// statements are sql's statements, one by one (for a pipeline of
-// extended-protocol statements, which take one each).
+// statements are sql's statements, one by one (a pipeline of
+// extended-protocol statements takes one each).
 func (p *holdPlan) statements() []string {
 	lock := "LOCK TABLE " + p.list + " IN ACCESS SHARE MODE"
 	if p.facts != nil {
