@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/larderdb/larder/cache-node/node"
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
 	"github.com/larderdb/larder/qumaana/quma"
@@ -64,7 +65,13 @@ type Config struct {
 	ClockGranularities map[string]time.Duration
 	// Staleness is the default staleness limit of read-only transactions.
 	Staleness time.Duration
-	// L1Bytes is the in-process cache's byte budget (0: no L1).
+	// L1Bytes is the in-process cache's byte budget (0: no L1). The L1
+	// follows the invalidation stream as a cache-node does (an in-process
+	// node.Node over a memory backend): what the client computed itself
+	// stays valid, open-ended, until an invalidation of one of its tags,
+	// so reads at pins newer than it (a session's read after its write)
+	// still hit. A cache-node's hits are kept there as the closed interval
+	// the node proved.
 	L1Bytes int64
 	// NodeTimeout bounds each cache-node call, connecting included
 	// (default DefaultNodeTimeout); a call also leaves at least half of
@@ -156,8 +163,11 @@ type Client struct {
 	bgMu   sync.Mutex
 	closed bool
 	l1     *store.Memory
-	maps   sync.Pool
-	puts   sync.WaitGroup
+	// near is the L1's node: it follows the invalidation stream for what
+	// the L1 holds and decides its versions' intervals (nil: no L1).
+	near *node.Node
+	maps sync.Pool
+	puts sync.WaitGroup
 
 	// own is the client's own session: every write through the client
 	// moves it; read-only transactions whose context carries no session
@@ -295,15 +305,18 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg, m: newClientMetrics(cfg.Metrics), wake: make(chan struct{}, 1), registered: map[string]bool{}}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.maps.New = func() any { return &pgxTypeMap{pgtype.NewMap()} }
-	if cfg.L1Bytes > 0 {
-		c.l1 = store.NewMemory(cfg.L1Bytes, nil)
-	}
 	if err := c.openPool(ctx, cfg.PostgresURL); err != nil {
 		return nil, err
 	}
 	if c.nc, err = nats.Connect(cfg.NATSURL, c.natsOptions()...); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("larder: NATS: %w", err)
+	}
+	if cfg.L1Bytes > 0 {
+		if err := c.openL1(); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	if c.pins, err = newPinTracker(c.nc, cfg.Prefix, cfg.PinSilence); err != nil {
 		c.Close()

@@ -144,7 +144,7 @@ func (f *Function[A, R]) lookup(ctx context.Context, t *ROTx, key []byte) (R, bo
 		return r, v.Tags, true
 	}
 	if t.c.l1 != nil {
-		if e, err := t.c.l1.Lookup(ctx, key, tmin, tmax, store.Open); err == nil && e.Miss == store.Hit {
+		if e, err := t.c.l1Lookup(ctx, key, tmin, tmax, "function:"+f.name); err == nil && e.Miss == store.Hit {
 			if r, tags, ok := decode(e.Value); ok && t.narrow(e.Lo, e.Hi) {
 				t.noteRead(tags)
 				t.c.m.functionCalls.WithLabelValues("l1").Inc()
@@ -167,7 +167,7 @@ func (f *Function[A, R]) lookup(ctx context.Context, t *ROTx, key []byte) (R, bo
 		return zero, false
 	}
 	if t.c.l1 != nil {
-		_ = t.c.l1.Put(ctx, key, &store.Version{Lo: e.Lo, Hi: e.Hi, Snapshot: e.Snapshot, Value: e.Value})
+		t.c.l1Keep(ctx, key, e.Lo, e.Hi, e.Snapshot, e.Value)
 	}
 	t.noteRead(tags)
 	t.c.m.functionCalls.WithLabelValues("node").Inc()
@@ -220,7 +220,7 @@ func (f *Function[A, R]) run(ctx context.Context, t *ROTx, arg A, key []byte) (R
 		s = t.cands[len(t.cands)-1].LSN
 	}
 	if t.c.l1 != nil {
-		_ = t.c.l1.Put(ctx, key, &store.Version{Lo: s, Hi: s + 1, Snapshot: s, Value: value})
+		t.c.l1Keep(ctx, key, s, s+1, s, value)
 	}
 	node := t.c.node(key)
 	if node == nil || !node.usable() {

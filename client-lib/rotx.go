@@ -599,7 +599,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	tmin, tmax := t.Range()
 
 	if t.c.l1 != nil {
-		if r, err := t.c.l1.Lookup(ctx, key, tmin, tmax, store.Open); err == nil && r.Miss == store.Hit && t.narrow(r.Lo, r.Hi) {
+		if r, err := t.c.l1Lookup(ctx, key, tmin, tmax, tpl.ID); err == nil && r.Miss == store.Hit && t.narrow(r.Lo, r.Hi) {
 			if res, err := decodeResult(r.Value); err == nil {
 				t.trace = append(t.trace, fmt.Sprintf("l1[%X,%X)", r.Lo, r.Hi))
 				t.c.stats.L1Hits.Add(1)
@@ -631,7 +631,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 				t.c.m.templateRead(tpl.ID, "node")
 				if t.c.l1 != nil {
 					// A closed interval: what the node proved when it answered.
-					_ = t.c.l1.Put(ctx, key, &store.Version{Lo: r.Lo, Hi: r.Hi, Snapshot: r.Snapshot, Value: r.Value})
+					t.c.l1Keep(ctx, key, r.Lo, r.Hi, r.Snapshot, r.Value)
 				}
 				return res, nil
 			}
@@ -679,21 +679,30 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if shared {
 		t.c.m.collapsed.Inc()
 	}
-	value := res.encode(nil)
-	if t.c.l1 != nil {
-		_ = t.c.l1.Put(ctx, key, &store.Version{Lo: t.ts, Hi: t.ts + 1, Snapshot: t.ts, Value: value})
+	if node == nil && t.c.l1 == nil {
+		return res, nil
 	}
-	if node != nil && !k.publishedAt(qtags, t.ts) {
+	value := res.encode(nil)
+	published := k.publishedAt(qtags, t.ts)
+	if !published && node != nil {
 		// Keyed on a set registered after this snapshot: changes between
-		// the two were not published under it. The L1 holds it at t.ts.
+		// the two were not published under it. The L1 holds it at t.ts
+		// only.
 		t.c.m.earlyPuts.Inc()
 		node = nil
 	}
-	if node != nil && node.usable() {
-		deps := make([]store.Dep, 0, len(qtags))
-		for _, q := range qtags {
-			deps = append(deps, store.Dep{Tag: q.Tag.String(), Table: q.Table, Reads: q.Reads, AllColumns: q.AllColumns})
+	deps := make([]store.Dep, 0, len(qtags))
+	for _, q := range qtags {
+		deps = append(deps, store.Dep{Tag: q.Tag.String(), Table: q.Table, Reads: q.Reads, AllColumns: q.AllColumns})
+	}
+	if t.c.l1 != nil {
+		if published {
+			t.c.l1Put(ctx, key, t.ts, deps, value, tpl.ID)
+		} else {
+			t.c.l1Keep(ctx, key, t.ts, t.ts+1, t.ts, value)
 		}
+	}
+	if node != nil && node.usable() {
 		put := &protocol.PutRequest{Key: key, Snapshot: t.ts, Deps: deps, Template: tpl.ID, Value: value}
 		t.c.puts.Add(1)
 		go func() {
