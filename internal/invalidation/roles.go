@@ -37,14 +37,33 @@ func requests(prefix string) []string {
 	return []string{PinVerifySubject(prefix), PinListSubject(prefix), TagSetsSubject(prefix), TagSetsRegisterSubject(prefix)}
 }
 
+// streamReads are the JetStream API subjects that read the invalidation
+// stream (its info, an ordered consumer, single messages and direct gets)
+// and change nothing.
+func streamReads(stream string) []string {
+	return []string{
+		"$JS.API.INFO",
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.STREAM.MSG.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream + ".>",
+		"$JS.API.CONSUMER.CREATE." + stream,
+		"$JS.API.CONSUMER.CREATE." + stream + ".>",
+		"$JS.API.CONSUMER.INFO." + stream + ".>",
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
+		"$JS.API.CONSUMER.DELETE." + stream + ".>",
+	}
+}
+
 // PermissionsFor returns the permissions of role under prefix.
 //
 // The invalidator publishes everything under the prefix, manages its
 // JetStream stream and answers requests. A cache-node publishes nothing
 // under the prefix: it only reads the stream (stream info, an ordered
 // consumer and single messages, all on the JetStream API of that one
-// stream) and subscribes. A client publishes only the requests (pin
-// verify, pin list, tag sets, tag set registrations) and subscribes. Neither may publish to an
+// stream) and subscribes. A client publishes the requests (pin verify,
+// pin list, tag sets, tag set registrations), reads the stream as a
+// cache-node does (its L1 follows it) and subscribes. Neither may publish to an
 // inbox, so neither can forge an answer to another's request, and
 // neither may subscribe to the request subjects.
 func PermissionsFor(role Role, prefix string) Permissions {
@@ -58,24 +77,13 @@ func PermissionsFor(role Role, prefix string) Permissions {
 		}
 	case RoleCacheNode:
 		return Permissions{
-			PublishAllow: []string{
-				"$JS.API.INFO",
-				"$JS.API.STREAM.INFO." + stream,
-				"$JS.API.STREAM.MSG.GET." + stream,
-				"$JS.API.DIRECT.GET." + stream,
-				"$JS.API.DIRECT.GET." + stream + ".>",
-				"$JS.API.CONSUMER.CREATE." + stream,
-				"$JS.API.CONSUMER.CREATE." + stream + ".>",
-				"$JS.API.CONSUMER.INFO." + stream + ".>",
-				"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
-				"$JS.API.CONSUMER.DELETE." + stream + ".>",
-			},
+			PublishAllow:   streamReads(stream),
 			SubscribeAllow: []string{prefix + ".>", "_INBOX.>"},
 			SubscribeDeny:  requests(prefix),
 		}
 	case RoleClient:
 		return Permissions{
-			PublishAllow:   requests(prefix),
+			PublishAllow:   append(requests(prefix), streamReads(stream)...),
 			SubscribeAllow: []string{prefix + ".>", "_INBOX.>"},
 			SubscribeDeny:  requests(prefix),
 		}

@@ -149,36 +149,43 @@ func testNATSRoles(t *testing.T, bin string) {
 	_ = client.Flush()
 	wantViolation(invalidation.RoleClient, "publishing to an inbox")
 
-	// A node reads the stream but cannot change it.
-	njs, err := jetstream.New(node)
+	// A node, and a client (its L1 follows the stream as a node does),
+	// read the stream but cannot change it.
+	for role, nc := range map[invalidation.Role]*nats.Conn{invalidation.RoleCacheNode: node, invalidation.RoleClient: client} {
+		rjs, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := rjs.Stream(ctx, stream)
+		if err != nil {
+			t.Fatalf("%s reads the stream's info: %v", role, err)
+		}
+		if _, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{}); err != nil {
+			t.Fatalf("%s makes an ordered consumer: %v", role, err)
+		}
+		// The last messages of many subjects at once (a direct get), as a
+		// node confirms new groups.
+		msgs, err := jetstreamext.GetLastMsgsFor(ctx, rjs, stream, []string{invalidation.HeartbeatSubject(prefix)})
+		if err != nil {
+			t.Fatalf("%s's direct get: %v", role, err)
+		}
+		for m, err := range msgs {
+			if err != nil || string(m.Data) != "genuine" {
+				t.Fatalf("%s's direct get: %v %v", role, m, err)
+			}
+		}
+		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := rjs.DeleteStream(dctx, stream); err == nil {
+			t.Fatalf("a %s deleted the invalidation stream", role)
+		}
+		if _, err := rjs.Publish(dctx, invalidation.HeartbeatSubject(prefix), []byte("forged")); err == nil {
+			t.Fatalf("a %s published into the invalidation stream", role)
+		}
+		dcancel()
+	}
+	s, err := js.Stream(ctx, stream)
 	if err != nil {
 		t.Fatal(err)
-	}
-	s, err := njs.Stream(ctx, stream)
-	if err != nil {
-		t.Fatalf("node reads the stream's info: %v", err)
-	}
-	if _, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{}); err != nil {
-		t.Fatalf("node makes an ordered consumer: %v", err)
-	}
-	// The last messages of many subjects at once (a direct get), as a
-	// node confirms new groups.
-	msgs, err := jetstreamext.GetLastMsgsFor(ctx, njs, stream, []string{invalidation.HeartbeatSubject(prefix)})
-	if err != nil {
-		t.Fatalf("node's direct get: %v", err)
-	}
-	for m, err := range msgs {
-		if err != nil || string(m.Data) != "genuine" {
-			t.Fatalf("node's direct get: %v %v", m, err)
-		}
-	}
-	dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
-	defer dcancel()
-	if err := njs.DeleteStream(dctx, stream); err == nil {
-		t.Fatal("a node deleted the invalidation stream")
-	}
-	if _, err := njs.Publish(dctx, invalidation.HeartbeatSubject(prefix), []byte("forged")); err == nil {
-		t.Fatal("a node published into the invalidation stream")
 	}
 	// The stream holds the invalidator's heartbeat only.
 	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 1 {
