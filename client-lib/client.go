@@ -240,6 +240,10 @@ type Stats struct {
 	// staleness, capacity, consistency; a hit outside the transaction's
 	// candidates counts as consistency).
 	NodeMisses [5]atomic.Int64
+	// L1Misses counts the L1's misses by class, as NodeMisses does the
+	// cache-nodes' (a hit outside the transaction's candidates counts as
+	// consistency).
+	L1Misses [5]atomic.Int64
 	// NodeLookups counts lookups sent to cache-nodes (queries' and
 	// functions'); FunctionHits, cacheable function calls served from the
 	// L1 or a node; FunctionRuns, calls that ran the function.
@@ -252,6 +256,12 @@ type Stats struct {
 func (s *Stats) noteNodeMiss(c store.MissClass) {
 	if int(c) < len(s.NodeMisses) {
 		s.NodeMisses[c].Add(1)
+	}
+}
+
+func (s *Stats) noteL1Miss(c store.MissClass) {
+	if int(c) < len(s.L1Misses) {
+		s.L1Misses[c].Add(1)
 	}
 }
 

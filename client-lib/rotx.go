@@ -599,7 +599,14 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	tmin, tmax := t.Range()
 
 	if t.c.l1 != nil {
-		if r, err := t.c.l1Lookup(ctx, key, tmin, tmax, tpl.ID); err == nil && r.Miss == store.Hit && t.narrow(r.Lo, r.Hi) {
+		r, err := t.c.l1Lookup(ctx, key, tmin, tmax, tpl.ID)
+		switch {
+		case err != nil:
+		case r.Miss != store.Hit:
+			t.c.stats.noteL1Miss(r.Miss)
+		case !t.narrow(r.Lo, r.Hi):
+			t.c.stats.noteL1Miss(store.MissConsistency)
+		default:
 			if res, err := decodeResult(r.Value); err == nil {
 				t.trace = append(t.trace, fmt.Sprintf("l1[%X,%X)", r.Lo, r.Hi))
 				t.c.stats.L1Hits.Add(1)

@@ -586,6 +586,8 @@ func readsOf(mode, label string, env map[string]string) map[string]int64 {
 	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load(),
 		"miss-compulsory": st.NodeMisses[store.MissCompulsory].Load(), "miss-staleness": st.NodeMisses[store.MissStaleness].Load(),
 		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load(),
+		"l1-miss-compulsory": st.L1Misses[store.MissCompulsory].Load(), "l1-miss-staleness": st.L1Misses[store.MissStaleness].Load(),
+		"l1-miss-capacity": st.L1Misses[store.MissCapacity].Load(), "l1-miss-consistency": st.L1Misses[store.MissConsistency].Load(),
 		"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(),
 		"node-lookups": st.NodeLookups.Load(), "function-hits": st.FunctionHits.Load(), "function-runs": st.FunctionRuns.Load()}
 }
