@@ -56,6 +56,8 @@ func TestHistoryUnderFaults(t *testing.T) {
 		{"redis-server-restarts", redisRestartRun, orderDependent, false},
 		{"slot-dropped", slotDroppedRun, publisher.SkipNewSlotFlushForTest.Store, true},
 		{"ddl-mid-run", ddlRun, nil, false},
+		// The L1 serves its versions as if its watermark were the newest LSN.
+		{"l1-NATS-cut", l1NATSCutRun, func(on bool) { l1IgnoresWatermarkForTest = on }, true},
 		// The client does not narrow its candidates on hits (overlay_history_test.go).
 		{"overlay-kill-join", overlayRun, func(on bool) { skipNarrowForTest = on }, true},
 	} {
@@ -252,6 +254,43 @@ func natsCutRun(t *testing.T) historyRun {
 					t.Errorf("restore the proxy: %v", err)
 				}
 				t.Logf("fault: the node's NATS connection is back at WAL %s", walNow(t, s))
+			})
+		},
+	}
+}
+
+// l1NATSCutRun: the readers' client has an L1 and no cache-node, and its
+// NATS connection (the L1's invalidations and the pins) goes through a TCP
+// proxy, cut for 500 ms three times. What the L1 missed meanwhile must not
+// leave the versions it hit valid once the connection is back.
+func l1NATSCutRun(t *testing.T) historyRun {
+	var proxy *toxiproxy.Proxy
+	return historyRun{
+		client: func(t *testing.T, s *stack, _ int64) *Client {
+			port, err := servers.FreePort()
+			if err != nil {
+				t.Fatal(err)
+			}
+			api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+			listen := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			proxy = toxiproxy.NewProxy(api, "client-nats", listen, strings.TrimPrefix(s.nats, "nats://"))
+			if err := proxy.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(proxy.Stop)
+			through := *s
+			through.nats = "nats://" + listen
+			return through.open(t, s.url, nil, 8<<20)
+		},
+		faults: func(ctx context.Context, t *testing.T, s *stack, run time.Duration) {
+			faultTimes(ctx, run, 3, func(int) {
+				t.Logf("fault: the client's NATS connection is cut at WAL %s", walNow(t, s))
+				proxy.Stop()
+				pause(ctx, 500*time.Millisecond)
+				if err := proxy.Start(); err != nil {
+					t.Errorf("restore the proxy: %v", err)
+				}
+				t.Logf("fault: the client's NATS connection is back at WAL %s", walNow(t, s))
 			})
 		},
 	}

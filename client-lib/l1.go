@@ -49,8 +49,16 @@ func (c *Client) openL1() error {
 	return nil
 }
 
+// l1IgnoresWatermarkForTest breaks the L1 on purpose (its versions are
+// served as if every invalidation were applied) so that a test can show
+// the history checker notices.
+var l1IgnoresWatermarkForTest bool
+
 // l1Lookup looks for a version of key valid in [tmin, tmax] in the L1.
 func (c *Client) l1Lookup(ctx context.Context, key []byte, tmin, tmax uint64, template string) (store.Result, error) {
+	if l1IgnoresWatermarkForTest {
+		return c.l1.Lookup(ctx, key, tmin, tmax, store.Open)
+	}
 	return c.near.Lookup(ctx, key, tmin, tmax, template)
 }
 
