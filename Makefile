@@ -80,16 +80,17 @@ bench-pgpool: deps
 # The main job: the local stack with two cache-nodes in an overlay, one round
 # trip through the cache, a key read through one node from its master on the
 # other, then a short RUBiS comparison of plain PostgreSQL and Larder in both
-# mixes (browsing, then bidding; a 5 s warm-up and 10 s measured per mode and
-# mix, a stack start per mix: about two minutes).
+# mixes (browsing, then bidding): larder (a cache-node), local-only (the
+# application's in-process L1 alone); a 5 s warm-up and 10 s measured per
+# mode and mix, a stack start per mix: about three minutes.
 demo: deps
 	$(GO) run ./deploy/local demo -cache-nodes 2
 	@echo
-	@echo "RUBiS, direct vs larder, browsing mix (a short run at demo scale; make bench-rubis for the full report):"
-	bash bench/rubis/bench.sh --modes direct,larder --vus 8 --duration 10s --warmup 5s --scale 0.05 --mix browsing --out bench/rubis/results/demo
+	@echo "RUBiS, direct vs larder (a cache-node) and local-only (the in-process L1 alone), browsing mix (a short run at demo scale; make bench-rubis for the full report):"
+	bash bench/rubis/bench.sh --modes direct,larder,local-only --vus 8 --duration 10s --warmup 5s --scale 0.05 --mix browsing --out bench/rubis/results/demo
 	@echo
-	@echo "RUBiS, direct vs larder, bidding mix (writes: bids, comments, buy-nows, registrations):"
-	bash bench/rubis/bench.sh --modes direct,larder --vus 8 --duration 10s --warmup 5s --scale 0.05 --mix bidding --out bench/rubis/results/bidding-demo
+	@echo "RUBiS, direct vs larder and local-only, bidding mix (writes: bids, comments, buy-nows, registrations):"
+	bash bench/rubis/bench.sh --modes direct,larder,local-only --vus 8 --duration 10s --warmup 5s --scale 0.05 --mix bidding --out bench/rubis/results/bidding-demo
 
 # The local stack, kept running until Ctrl-C.
 up: deps
