@@ -50,6 +50,7 @@ type options struct {
 	p2pTimeout                                        time.Duration
 	loadLease                                         time.Duration
 	watermarkWait                                     time.Duration
+	linger                                            time.Duration
 	broadcast                                         bool
 }
 
@@ -85,6 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.p2pInsecure, "p2p-insecure-open", false, "run the overlay without --p2p-psk or --p2p-allow (whoever can reach it can join and serve forged results to every member)")
 	fs.DurationVar(&o.p2pTimeout, "p2p-timeout", 2*time.Second, "deadline of a request forwarded to a key's master")
 	fs.BoolVar(&o.p2pShowID, "p2p-show-id", false, "print the peer ID of --p2p-key (making the key if there is none) and exit")
+	fs.DurationVar(&o.linger, "linger", node.DefaultLinger, "how long the node stays subscribed to a tag's group after the last version depending on it settled, so that the key's next version is served at once (0: not at all)")
 	fs.DurationVar(&o.watermarkWait, "watermark-wait", node.DefaultWatermarkWait, "how long a lookup whose snapshot is newer than the node's watermark waits for the next heartbeat when the key holds a version that would then serve it, rather than missing (0: never)")
 	fs.DurationVar(&o.loadLease, "load-lease", node.DefaultLoadLease, "how long a lookup that misses makes other clients' lookups of the key wait for its requester's put, when they ask to wait (stampede control; 0: none)")
 	fs.BoolVar(&o.broadcast, "broadcast-invalidation", false, "receive every invalidation of every table (one wildcard subscription) and drop those of groups the node does not follow, instead of subscribing to its groups: the broadcast ablation, for comparing with pub/sub")
@@ -228,12 +230,15 @@ func run(args []string, stderr io.Writer) int {
 func (o options) daemon() (daemon.Options, error) {
 	d := daemon.Options{Listen: o.listen, NATS: o.natsURL, Prefix: o.prefix, Store: o.store, Memory: o.memory, Metrics: o.metrics, MaxFrame: o.maxFrame,
 		MaxInFlight: o.maxInFlight, MaxConns: o.maxConns, IdleTimeout: o.idleTimeout, ReadTimeout: o.readTimeout, WriteTimeout: o.writeTimeout,
-		LoadLease: o.loadLease, WatermarkWait: o.watermarkWait, BroadcastInvalidation: o.broadcast}
+		LoadLease: o.loadLease, WatermarkWait: o.watermarkWait, Linger: o.linger, BroadcastInvalidation: o.broadcast}
 	if d.LoadLease == 0 {
 		d.LoadLease = -1 // --load-lease 0: none
 	}
 	if d.WatermarkWait == 0 {
 		d.WatermarkWait = -1 // --watermark-wait 0: never
+	}
+	if d.Linger == 0 {
+		d.Linger = -1 // --linger 0: not at all
 	}
 	if !o.insecure {
 		cfg, err := pki.ServerTLS(o.tlsCert, o.tlsKey, o.tlsClientCA)

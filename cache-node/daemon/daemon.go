@@ -51,6 +51,8 @@ type Options struct {
 	// WatermarkWait: see node.Config.WatermarkWait (0: the default, < 0:
 	// never).
 	WatermarkWait time.Duration
+	// Linger: see node.Config.Linger (0: the default, < 0: none).
+	Linger time.Duration
 	// BroadcastInvalidation: see node.Config.Broadcast (the ablation).
 	BroadcastInvalidation bool
 	// Overlay, when set, makes the node a member of the libp2p overlay
@@ -91,7 +93,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 	}
 	defer backend.Close()
 	n, err = node.New(node.Config{NATS: nc, Prefix: o.Prefix, Backend: backend, Log: log, Metrics: reg,
-		LoadLease: o.LoadLease, WatermarkWait: o.WatermarkWait, Broadcast: o.BroadcastInvalidation})
+		LoadLease: o.LoadLease, WatermarkWait: o.WatermarkWait, Linger: o.Linger, Broadcast: o.BroadcastInvalidation})
 	if err != nil {
 		return err
 	}

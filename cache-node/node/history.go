@@ -2,6 +2,7 @@ package node
 
 import (
 	"sort"
+	"time"
 
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
@@ -23,6 +24,9 @@ type group struct {
 	waiting       []*pendingPut
 
 	awaitingHB bool // marker seen; the next heartbeat starts the JetStream check
+	// unheldSince is when the sweep first found no version depending on
+	// the group (zero: held, or not looked at since); it lingers.
+	unheldSince time.Time
 }
 
 type histEntry struct {

@@ -42,6 +42,13 @@ type Config struct {
 	// watermark waits for it when the key holds a version that would then
 	// serve it (wmwait.go; default DefaultWatermarkWait, < 0: never).
 	WatermarkWait time.Duration
+	// Linger is how long the node stays subscribed to a group, confirmed,
+	// after the last version depending on it settled (default
+	// DefaultLinger, < 0: not at all). A version put meanwhile is served
+	// at once: under writes a hot key's versions end one after another,
+	// and each new one would otherwise wait for a new subscription's
+	// confirmation (a heartbeat and a JetStream request).
+	Linger time.Duration
 	// Broadcast subscribes to every invalidation subject of the prefix
 	// (one wildcard subscription) instead of the groups of what the node
 	// holds, and drops the messages of groups it does not follow: the
@@ -131,6 +138,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.LoadLease == 0 {
 		cfg.LoadLease = DefaultLoadLease
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = DefaultLinger
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -599,6 +609,7 @@ func (n *Node) groupLocked(d store.Dep, flush bool) (*group, error) {
 		name, subject = store.TableName(d.Table), invalidation.FlushSubject(n.cfg.Prefix, d.Table)
 	}
 	if g := n.groups[name]; g != nil {
+		g.unheldSince = time.Time{} // held again: it lingers no more
 		return g, nil
 	}
 	g := &group{name: name, subject: subject, flush: flush, table: d.Table}
@@ -926,9 +937,14 @@ func (n *Node) retryLater(batch []*group, err error) {
 	n.mu.Unlock()
 }
 
+// DefaultLinger is how long a group no version depends on stays
+// subscribed (Config.Linger).
+const DefaultLinger = 10 * time.Second
+
 // sweepLoop unsubscribes from groups no unsettled version depends on
 // (Ferdinand's rule, with closed versions counted until they settle: a
-// late or replayed message of the group may still shorten them).
+// late or replayed message of the group may still shorten them) once they
+// have been so for Config.Linger.
 func (n *Node) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
@@ -963,10 +979,23 @@ func (n *Node) unsubscribeUnheld(ctx context.Context, names []string) {
 		n.backendErr(err)
 		return
 	}
+	now := time.Now()
 	for i, name := range names {
 		g := n.groups[name]
-		if held[i] || g == nil || len(g.waiting) > 0 || !g.confirmed {
+		if g == nil {
 			continue
+		}
+		if held[i] || len(g.waiting) > 0 || !g.confirmed {
+			g.unheldSince = time.Time{}
+			continue
+		}
+		if n.cfg.Linger > 0 {
+			if g.unheldSince.IsZero() {
+				g.unheldSince = now
+			}
+			if now.Sub(g.unheldSince) < n.cfg.Linger {
+				continue // the sweep looks again
+			}
 		}
 		if sub := n.subs[g.subject]; sub != nil {
 			_ = sub.Unsubscribe()

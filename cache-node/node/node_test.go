@@ -115,7 +115,7 @@ type harness struct {
 	stop func()
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T, opts ...func(*Config)) *harness {
 	t.Helper()
 	pubConn, err := nats.Connect(env.NATS.URL())
 	if err != nil {
@@ -127,16 +127,20 @@ func newHarness(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(nodeConn.Close)
-	return newHarnessOn(t, pubConn, nodeConn)
+	return newHarnessOn(t, pubConn, nodeConn, opts...)
 }
 
-func newHarnessOn(t *testing.T, pubConn, nodeConn *nats.Conn) *harness {
+func newHarnessOn(t *testing.T, pubConn, nodeConn *nats.Conn, opts ...func(*Config)) *harness {
 	t.Helper()
 	var err error
 	h := &harness{t: t, f: newFake(t, pubConn)}
 	var n *Node
 	h.mem = store.NewMemory(64<<20, func(names []string) { n.OnRelease(names) })
-	n, err = New(Config{NATS: nodeConn, Prefix: h.f.prefix, Backend: h.mem, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	cfg := Config{NATS: nodeConn, Prefix: h.f.prefix, Backend: h.mem, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	n, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +361,7 @@ func TestGapOnUndecodableMessage(t *testing.T) {
 }
 
 func TestUnsubscribeWhenTheLastVersionCloses(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, func(c *Config) { c.Linger = -1 })
 	s := h.f.now()
 	h.put("u", s, itemDep(7))
 	h.served("u", s)
@@ -370,6 +374,41 @@ func TestUnsubscribeWhenTheLastVersionCloses(t *testing.T) {
 			t.Fatalf("still %d groups", h.n.groupCount())
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestReleasedGroupLingers: once the last version of a group has ended
+// and settled, the node stays subscribed for Config.Linger, so the next
+// version of the key (a hot item, read again right after each write) is
+// served at once instead of waiting for a new subscription's
+// confirmation.
+func TestReleasedGroupLingers(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Linger = time.Hour })
+	s := h.f.now()
+	h.put("u", s, itemDep(7))
+	h.served("u", s)
+	h.waitWatermark(h.f.commit(invalidation.Change{Tag: "public.items(id)=7", Rows: true}))
+	// Settled (the watermark passed its end) and released: the sweep
+	// marks the group unheld.
+	unheld := func() bool {
+		h.n.mu.Lock()
+		defer h.n.mu.Unlock()
+		g := h.n.groups["public.items(id)=7"]
+		return g != nil && !g.unheldSince.IsZero()
+	}
+	for deadline := time.Now().Add(15 * time.Second); !unheld(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the group was not kept once released (%d groups)", h.n.groupCount())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s2 := h.f.now()
+	h.put("u", s2, itemDep(7))
+	if r := h.lookup("u", s2, s2); r.Miss != store.Hit {
+		t.Fatalf("the next version of a lingering group: %v, want a hit at once", r.Miss)
+	}
+	if unheld() {
+		t.Fatal("a group holding a version again is still marked unheld after a sweep")
 	}
 }
 
