@@ -948,16 +948,21 @@ const DefaultLinger = 10 * time.Second
 func (n *Node) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
-	for {
+	for tick := 1; ; {
 		var names []string
 		select {
 		case <-ctx.Done():
 			return
 		case names = <-n.released:
 		case <-t.C:
+			// Each tick looks at the lingering groups again; every
+			// sweepAllTicks-th, at every group (a release notice lost to
+			// a full queue).
+			all := tick%sweepAllTicks == 0
+			tick++
 			n.mu.Lock()
 			for name, g := range n.groups {
-				if g.confirmed {
+				if g.confirmed && (all || !g.unheldSince.IsZero()) {
 					names = append(names, name)
 				}
 			}
@@ -967,17 +972,34 @@ func (n *Node) sweepLoop(ctx context.Context) {
 	}
 }
 
+// sweepAllTicks: every how many sweeps (of 5 s) every group is looked at.
+const sweepAllTicks = 12
+
+// sweepChunk bounds the groups one sweep step looks at while it holds the
+// node's lock (and the backend's, for a memory backend): lookups and the
+// stream wait meanwhile.
+const sweepChunk = 512
+
 func (n *Node) unsubscribeUnheld(ctx context.Context, names []string) {
-	if len(names) == 0 {
-		return
-	}
 	sort.Strings(names)
+	for len(names) > 0 {
+		chunk := names[:min(len(names), sweepChunk)]
+		names = names[len(chunk):]
+		if !n.unsubscribeUnheldChunk(ctx, chunk) {
+			return
+		}
+	}
+}
+
+// unsubscribeUnheldChunk unsubscribes from the groups of names no version
+// depends on (once they have lingered); false when the backend failed.
+func (n *Node) unsubscribeUnheldChunk(ctx context.Context, names []string) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	held, err := n.cfg.Backend.Holds(ctx, names)
 	if err != nil {
 		n.backendErr(err)
-		return
+		return false
 	}
 	now := time.Now()
 	for i, name := range names {
@@ -1005,4 +1027,5 @@ func (n *Node) unsubscribeUnheld(ctx context.Context, names []string) {
 		delete(n.groups, name)
 	}
 	n.m.groups.Set(float64(len(n.groups)))
+	return true
 }
