@@ -115,7 +115,10 @@ type Config struct {
 	// run there and travel back as row recipes, over mutual TLS
 	// (OriginTLS). Fresh snapshots, fallbacks and database/sql sessions still
 	// use the client's own connection, as does a transaction the origin
-	// cannot take.
+	// cannot take. An origin that cannot be connected to (refused, or
+	// silent until the 10 s dial, handshake or hello timed out) is left
+	// alone for NodeBackoff, its transactions beginning on the client's
+	// own connection at once; then one transaction tries it again.
 	Origin string
 	// OriginTLS is the mutual TLS to the origin (nil: NodeTLS; the DSN
 	// uses the node's files for both).

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -59,7 +60,15 @@ type originLoader struct {
 	cl    *origin.Client
 	store *recipe.RowStore
 	lim   recipe.Limits
+	// downUntil (Unix nanoseconds; 0: up): an origin that could not be
+	// connected to (unreachable, or silent until the dial timed out) is
+	// left alone until then, its transactions beginning on the client's
+	// own connection at once rather than each waiting for a dial.
+	downUntil atomic.Int64
 }
+
+// originDialTimeout bounds a dial and TLS handshake to the origin.
+var originDialTimeout = 10 * time.Second
 
 // setupLoader makes the client's Loader from its Config: cfg.Loader, or
 // an origin's when cfg.Origin is set, or none (the direct path).
@@ -93,7 +102,7 @@ func (c *Client) setupLoader() error {
 			tlsCfg = cfg.NodeTLS
 		}
 		l := &originLoader{c: c, store: store, lim: recipe.DefaultLimits(),
-			cl: origin.NewClient(origin.ClientConfig{Addr: cfg.Origin, TLS: tlsCfg, EdgeID: edge, Budget: budget})}
+			cl: origin.NewClient(origin.ClientConfig{Addr: cfg.Origin, TLS: tlsCfg, EdgeID: edge, Budget: budget, DialTimeout: originDialTimeout})}
 		c.loader, c.originL = l, l
 	default:
 		return nil
@@ -138,9 +147,27 @@ func (c *Client) OriginStats() OriginStats {
 }
 
 func (l *originLoader) BeginAt(ctx context.Context, req LoadRequest) (PinnedTx, error) {
+	if until := l.downUntil.Load(); until != 0 {
+		// Left alone until then; after that, one transaction tries it.
+		now := time.Now()
+		if now.UnixNano() < until || !l.downUntil.CompareAndSwap(until, now.Add(l.c.cfg.NodeBackoff).UnixNano()) {
+			return nil, fmt.Errorf("%w: the origin could not be connected to; left alone for %s", ErrLoaderUnavailable, l.c.cfg.NodeBackoff)
+		}
+	}
 	s, err := l.cl.Begin(ctx, &origin.Begin{Snapshot: req.Pin.SnapshotID, TS: req.Pin.LSN, ServerStart: req.Pin.ServerStart, SQLFormats: req.SQLFormats, Scope: req.Scope, Tables: req.Tables})
 	if err != nil {
-		return nil, l.unavailable(ctx, originError(err))
+		err = l.unavailable(ctx, originError(err))
+		var re *origin.RemoteError
+		if errors.Is(err, ErrLoaderUnavailable) && !errors.As(err, &re) {
+			// Not an answer of the origin's: it could not be reached.
+			if l.downUntil.Swap(time.Now().Add(l.c.cfg.NodeBackoff).UnixNano()) == 0 {
+				l.c.cfg.Log.Warn("larder: origin unreachable; transactions begin on their own connections until it is tried again", "origin", l.c.cfg.Origin, "retry_in", l.c.cfg.NodeBackoff, "err", err)
+			}
+		}
+		return nil, err
+	}
+	if l.downUntil.Swap(0) != 0 {
+		l.c.cfg.Log.Info("larder: origin reachable again", "origin", l.c.cfg.Origin)
 	}
 	return &originTx{l: l, s: s, session: req.Session, path: req.SearchPath}, nil
 }

@@ -267,3 +267,70 @@ func TestOriginTimeoutIsUnavailable(t *testing.T) {
 		t.Fatalf("a refused connection: %v, want ErrLoaderUnavailable", err)
 	}
 }
+
+// TestSilentOriginIsLeftAlone: an origin that accepts connections and
+// never answers (a hung process, a black-holing proxy) costs one dial
+// timeout, and then is left alone for NodeBackoff: the next transactions
+// begin on the client's own connection without dialing it (before, each
+// one waited for its own dial to time out).
+func TestSilentOriginIsLeftAlone(t *testing.T) {
+	s := startStack(t)
+	defer func(d time.Duration) { originDialTimeout = d }(originDialTimeout)
+	originDialTimeout = 300 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c // held open, never answered
+		}
+	}()
+	defer func() {
+		for {
+			select {
+			case c := <-accepted:
+				c.Close()
+			default:
+				return
+			}
+		}
+	}()
+	c := s.openWith(t, nil, 0, true, func(cfg *Config) {
+		cfg.Origin, cfg.NodeBackoff = ln.Addr().String(), time.Hour
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	want := s.pgBalances(t)
+	for i := range 5 {
+		tx, err := c.BeginRO(ctx, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b int
+		if err := tx.QueryRow(ctx, readBalance, []any{1}, &b); err != nil {
+			t.Fatalf("transaction %d: %v", i, err)
+		}
+		if b != want[1] {
+			t.Fatalf("transaction %d read %d, want %d", i, b, want[1])
+		}
+		if tx.remote != nil || tx.fallback {
+			t.Fatalf("transaction %d: remote %v, fallback %v; want its own connection at a pin", i, tx.remote != nil, tx.fallback)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(accepted); n != 1 {
+		t.Fatalf("the silent origin was dialed %d times by 5 transactions, want once", n)
+	}
+	if n := c.OriginStats().Fallbacks; n != 5 {
+		t.Fatalf("%d loader fallbacks, want 5", n)
+	}
+}

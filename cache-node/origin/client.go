@@ -31,6 +31,9 @@ type ClientConfig struct {
 	MaxFrame int
 	// Timeout bounds a request whose context has no deadline (default 60s).
 	Timeout time.Duration
+	// DialTimeout bounds a connection's dial, TLS handshake and hello
+	// each (default 10s).
+	DialTimeout time.Duration
 }
 
 // Client is an edge's connection pool to an origin. Each Session holds
@@ -108,7 +111,10 @@ func (cl *Client) get(ctx context.Context) (*conn, error) {
 		return c, nil
 	}
 	cl.mu.Unlock()
-	d := net.Dialer{Timeout: 10 * time.Second}
+	d := net.Dialer{Timeout: cl.cfg.DialTimeout}
+	if d.Timeout <= 0 {
+		d.Timeout = 10 * time.Second
+	}
 	var nc net.Conn
 	var err error
 	if cl.cfg.TLS != nil {
@@ -123,7 +129,11 @@ func (cl *Client) get(ctx context.Context) (*conn, error) {
 	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 64<<10), w: bufio.NewWriterSize(nc, 64<<10)}
 	reset := cl.reset.Swap(false)
 	h := Hello{Version: ProtoVersion, EdgeID: cl.cfg.EdgeID, Reset: reset, Budget: recipe.AppendReset(nil, cl.cfg.Budget)}
-	body, err := cl.roundTrip(ctx, c, OpHello, AppendHello(nil, &h), OpOK)
+	// The hello is part of connecting: a silent origin costs the dial
+	// timeout, not a request's.
+	hctx, cancel := context.WithTimeout(ctx, d.Timeout)
+	body, err := cl.roundTrip(hctx, c, OpHello, AppendHello(nil, &h), OpOK)
+	cancel()
 	if err == nil {
 		var v uint64
 		if v, err = DecodeVersion(body); err == nil && v != ProtoVersion {
