@@ -232,29 +232,12 @@ func natsCutRun(t *testing.T) historyRun {
 	var proxy *toxiproxy.Proxy
 	return historyRun{
 		node: func(t *testing.T, natsURL string) nodeSetup {
-			port, err := servers.FreePort()
-			if err != nil {
-				t.Fatal(err)
-			}
-			api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-			listen := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-			proxy = toxiproxy.NewProxy(api, "nats", listen, strings.TrimPrefix(natsURL, "nats://"))
-			if err := proxy.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(proxy.Stop)
-			return nodeSetup{nats: "nats://" + listen, killable: true, reconnect: 50 * time.Millisecond}
+			var url string
+			proxy, url = natsProxy(t, natsURL)
+			return nodeSetup{nats: url, killable: true, reconnect: 50 * time.Millisecond}
 		},
 		faults: func(ctx context.Context, t *testing.T, s *stack, run time.Duration) {
-			faultTimes(ctx, run, 3, func(int) {
-				t.Logf("fault: the node's NATS connection is cut at WAL %s", walNow(t, s))
-				proxy.Stop()
-				pause(ctx, 500*time.Millisecond)
-				if err := proxy.Start(); err != nil {
-					t.Errorf("restore the proxy: %v", err)
-				}
-				t.Logf("fault: the node's NATS connection is back at WAL %s", walNow(t, s))
-			})
+			cutThrice(ctx, t, s, run, proxy, "the node's")
 		},
 	}
 }
@@ -267,33 +250,45 @@ func l1NATSCutRun(t *testing.T) historyRun {
 	var proxy *toxiproxy.Proxy
 	return historyRun{
 		client: func(t *testing.T, s *stack, _ int64) *Client {
-			port, err := servers.FreePort()
-			if err != nil {
-				t.Fatal(err)
-			}
-			api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-			listen := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-			proxy = toxiproxy.NewProxy(api, "client-nats", listen, strings.TrimPrefix(s.nats, "nats://"))
-			if err := proxy.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(proxy.Stop)
 			through := *s
-			through.nats = "nats://" + listen
+			proxy, through.nats = natsProxy(t, s.nats)
 			return through.open(t, s.url, nil, 8<<20)
 		},
 		faults: func(ctx context.Context, t *testing.T, s *stack, run time.Duration) {
-			faultTimes(ctx, run, 3, func(int) {
-				t.Logf("fault: the client's NATS connection is cut at WAL %s", walNow(t, s))
-				proxy.Stop()
-				pause(ctx, 500*time.Millisecond)
-				if err := proxy.Start(); err != nil {
-					t.Errorf("restore the proxy: %v", err)
-				}
-				t.Logf("fault: the client's NATS connection is back at WAL %s", walNow(t, s))
-			})
+			cutThrice(ctx, t, s, run, proxy, "the client's")
 		},
 	}
+}
+
+// natsProxy starts a TCP proxy (toxiproxy) to the NATS server at natsURL
+// and returns it with the URL that goes through it.
+func natsProxy(t *testing.T, natsURL string) (*toxiproxy.Proxy, string) {
+	port, err := servers.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	listen := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	proxy := toxiproxy.NewProxy(api, "nats", listen, strings.TrimPrefix(natsURL, "nats://"))
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Stop)
+	return proxy, "nats://" + listen
+}
+
+// cutThrice cuts the connections through proxy for 500 ms, three times
+// over the run; whose names them in the log.
+func cutThrice(ctx context.Context, t *testing.T, s *stack, run time.Duration, proxy *toxiproxy.Proxy, whose string) {
+	faultTimes(ctx, run, 3, func(int) {
+		t.Logf("fault: %s NATS connection is cut at WAL %s", whose, walNow(t, s))
+		proxy.Stop()
+		pause(ctx, 500*time.Millisecond)
+		if err := proxy.Start(); err != nil {
+			t.Errorf("restore the proxy: %v", err)
+		}
+		t.Logf("fault: %s NATS connection is back at WAL %s", whose, walNow(t, s))
+	})
 }
 
 // nodeKilledRun: a cache-node on Redis (the package's server) is killed —
