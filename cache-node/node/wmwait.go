@@ -46,7 +46,7 @@ func (n *Node) watermarkChanged() <-chan struct{} {
 // the watermark reached tmin; the caller then looks up again, under the
 // usual rules.
 func (n *Node) awaitWatermark(ctx context.Context, key []byte, tmin, tmax uint64, miss store.Result, wait time.Duration) bool {
-	if wait <= 0 || (miss.Miss != store.MissStaleness && miss.Miss != store.MissConsistency) {
+	if wait <= 0 || (miss.Miss != store.MissStaleness && miss.Miss != store.MissConsistency) || n.owedBefore(tmin) {
 		return false
 	}
 	if r, err := n.cfg.Backend.Lookup(ctx, key, tmin, tmax, store.Open); err != nil || r.Miss != store.Hit {
@@ -60,6 +60,12 @@ func (n *Node) awaitWatermark(ctx context.Context, key []byte, tmin, tmax uint64
 			n.m.watermarkWaits.WithLabelValues("reached").Inc()
 			return true
 		}
+		if n.owedBefore(tmin) {
+			// A gap began meanwhile: nothing is served at tmin until
+			// its end is applied, and then the versions end before it.
+			n.m.watermarkWaits.WithLabelValues("timed_out").Inc()
+			return false
+		}
 		select {
 		case <-ch:
 		case <-t.C:
@@ -70,6 +76,14 @@ func (n *Node) awaitWatermark(ctx context.Context, key []byte, tmin, tmax uint64
 			return false
 		}
 	}
+}
+
+// owedBefore reports whether a gap's end still owed lies at or before ts:
+// no version is served at ts then, however far the watermark moves (once
+// the end is applied, every version ends before it).
+func (n *Node) owedBefore(ts uint64) bool {
+	owed := n.owedAtomic.Load()
+	return owed != 0 && owed <= ts
 }
 
 // servableThrough is the newest timestamp lookups may serve: the

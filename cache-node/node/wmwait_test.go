@@ -90,3 +90,25 @@ func TestLookupWaitsForTheWatermark(t *testing.T) {
 	}
 	h.f.paused.Store(false)
 }
+
+// TestNoWatermarkWaitPastAnOwedGap: while a gap's end is owed (the
+// backend refused to end the versions there), a lookup at or beyond that
+// end cannot be served however far the watermark moves, so it does not
+// wait for it.
+func TestNoWatermarkWaitPastAnOwedGap(t *testing.T) {
+	h := newHarness(t)
+	h.n.cfg.WatermarkWait = time.Hour
+	s := h.f.now()
+	h.put("k", s, itemDep(1, "name"))
+	h.served("k", s)
+	h.f.paused.Store(true) // the watermark stays where it is
+	wm := h.n.Watermark()
+	h.n.owedAtomic.Store(wm + 1) // as endOpenLocked leaves it when EndOpen fails
+	defer h.n.owedAtomic.Store(0)
+	if r := h.lookup("k", wm+5, wm+5); r.Miss == store.Hit {
+		t.Fatalf("served past an owed gap: %+v", r)
+	}
+	if n := testutil.ToFloat64(h.n.m.watermarkWaits.WithLabelValues("reached")) + testutil.ToFloat64(h.n.m.watermarkWaits.WithLabelValues("timed_out")); n != 0 {
+		t.Fatalf("%v watermark waits past an owed gap's end, want none", n)
+	}
+}
