@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/larderdb/larder/internal/wire"
 )
@@ -125,12 +126,28 @@ func decodeRow(d *wire.Decoder, nf int) [][]byte {
 type Rows struct {
 	res  *Result
 	i    int
-	m    *pgxTypeMap
+	tx   *ROTx
+	own  *pgxTypeMap // once the transaction ended (typeMap)
 	err  error
 	done bool
 }
 
-func newRows(res *Result, m *pgxTypeMap) *Rows { return &Rows{res: res, i: -1, m: m} }
+func newRows(res *Result, tx *ROTx) *Rows { return &Rows{res: res, i: -1, tx: tx} }
+
+// typeMap is the type map Scan and Values decode with: the transaction's
+// while it lasts, then one of the Rows' own. The transaction's goes back
+// to the client's pool when it ends, to be used by another transaction,
+// possibly at once on another goroutine: a pgtype.Map is not safe for
+// concurrent use.
+func (r *Rows) typeMap() *pgxTypeMap {
+	if r.own == nil {
+		if m := r.tx.m; m != nil {
+			return m
+		}
+		r.own = &pgxTypeMap{pgtype.NewMap()}
+	}
+	return r.own
+}
 
 // Next advances to the next row.
 func (r *Rows) Next() bool {
@@ -156,7 +173,7 @@ func (r *Rows) Scan(dest ...any) error {
 	row := r.res.Rows[r.i]
 	for i, d := range dest {
 		f := r.res.Fields[i]
-		if err := r.m.Scan(f.DataTypeOID, f.Format, row[i], d); err != nil {
+		if err := r.typeMap().Scan(f.DataTypeOID, f.Format, row[i], d); err != nil {
 			r.err = fmt.Errorf("larder: scan column %s: %w", f.Name, err)
 			return r.err
 		}
@@ -175,12 +192,13 @@ func (r *Rows) Values() ([]any, error) {
 		if v == nil {
 			continue
 		}
-		dt, ok := r.m.TypeForOID(f.DataTypeOID)
+		m := r.typeMap()
+		dt, ok := m.TypeForOID(f.DataTypeOID)
 		if !ok {
 			out[i] = string(v)
 			continue
 		}
-		val, err := dt.Codec.DecodeValue(r.m.Map, f.DataTypeOID, f.Format, v)
+		val, err := dt.Codec.DecodeValue(m.Map, f.DataTypeOID, f.Format, v)
 		if err != nil {
 			return nil, fmt.Errorf("larder: decode column %s: %w", f.Name, err)
 		}

@@ -469,7 +469,7 @@ func (t *ROTx) Query(ctx context.Context, sql string, args ...any) (*Rows, error
 		return nil, wrap("query", sql, err)
 	}
 	t.returned = true
-	return newRows(res, t.m), nil
+	return newRows(res, t), nil
 }
 
 // QueryRow runs a query expected to return one row and scans it.
