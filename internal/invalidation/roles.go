@@ -4,7 +4,8 @@ package invalidation
 // per-user subject permissions (see Permissions): only the invalidator
 // may publish invalidations, heartbeats, schema notices and pins, and
 // answer the pin and tag-set requests; cache-nodes read the invalidation
-// stream; clients subscribe and ask.
+// stream; clients subscribe, ask, and read the stream too (their L1s
+// follow it).
 type Role string
 
 // The roles.
