@@ -690,24 +690,24 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return res, nil
 	}
 	value := res.encode(nil)
-	published := k.publishedAt(qtags, t.ts)
-	if !published && node != nil {
+	if !k.publishedAt(qtags, t.ts) {
 		// Keyed on a set registered after this snapshot: changes between
 		// the two were not published under it. The L1 holds it at t.ts
 		// only.
-		t.c.m.earlyPuts.Inc()
-		node = nil
+		if node != nil {
+			t.c.m.earlyPuts.Inc()
+		}
+		if t.c.l1 != nil {
+			t.c.l1Keep(ctx, key, t.ts, t.ts+1, t.ts, value)
+		}
+		return res, nil
 	}
 	deps := make([]store.Dep, 0, len(qtags))
 	for _, q := range qtags {
 		deps = append(deps, store.Dep{Tag: q.Tag.String(), Table: q.Table, Reads: q.Reads, AllColumns: q.AllColumns})
 	}
 	if t.c.l1 != nil {
-		if published {
-			t.c.l1Put(ctx, key, t.ts, deps, value, tpl.ID)
-		} else {
-			t.c.l1Keep(ctx, key, t.ts, t.ts+1, t.ts, value)
-		}
+		t.c.l1Put(ctx, key, t.ts, deps, value, tpl.ID)
 	}
 	if node != nil && node.usable() {
 		put := &protocol.PutRequest{Key: key, Snapshot: t.ts, Deps: deps, Template: tpl.ID, Value: value}
