@@ -33,6 +33,10 @@ type Options struct {
 	Store    string // "memory" or a redis:// URL
 	Memory   int64  // byte budget
 	Metrics  string // address of /metrics; "" for none
+	// MetricsListener, when set, serves /metrics instead of listening on
+	// Metrics (a caller that picked a free port keeps it bound); Run
+	// closes it.
+	MetricsListener net.Listener
 	MaxFrame int
 	// TLS, when set, serves the protocol over TLS; with ClientAuth
 	// tls.RequireAndVerifyClientCert (pki.ServerTLS) a peer without a
@@ -69,6 +73,9 @@ type Options struct {
 // Run runs a cache-node until ctx ends; ready, if not nil, receives the
 // address it serves on.
 func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) error {
+	if o.MetricsListener != nil {
+		defer o.MetricsListener.Close()
+	}
 	if o.MaxFrame <= 0 {
 		o.MaxFrame = protocol.DefaultMaxFrame
 	}
@@ -108,11 +115,12 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 	if o.TLS != nil {
 		ln = tls.NewListener(ln, o.TLS)
 	}
-	if o.Metrics != "" {
-		mln, err := net.Listen("tcp", o.Metrics)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("metrics listener: %w", err)
+	if mln := o.MetricsListener; mln != nil || o.Metrics != "" {
+		if mln == nil {
+			if mln, err = net.Listen("tcp", o.Metrics); err != nil {
+				ln.Close()
+				return fmt.Errorf("metrics listener: %w", err)
+			}
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

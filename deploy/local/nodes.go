@@ -157,16 +157,13 @@ func (s *Stack) startCacheNode(cfg Config, i int, ovFiles overlayFiles, boot []p
 	if err != nil {
 		return nil, fmt.Errorf("metrics address: %w", err)
 	}
-	if o.Metrics, err = freeAddr(metrics); err != nil {
-		return nil, err
-	}
 	if o.TLS, err = pki.ServerTLS(s.Creds.NodeCert, s.Creds.NodeKey, s.Creds.CA); err != nil {
 		return nil, err
 	}
 	if o.NATSOptions, err = s.Creds.natsOptions(invalidation.RoleCacheNode); err != nil {
 		return nil, err
 	}
-	node := &stackNode{metricsAddr: o.Metrics, done: make(chan error, 1)}
+	node := &stackNode{done: make(chan error, 1)}
 	if ovFiles.keys != nil {
 		psk, err := overlay.ReadPSK(ovFiles.psk)
 		if err != nil {
@@ -175,6 +172,14 @@ func (s *Stack) startCacheNode(cfg Config, i int, ovFiles overlayFiles, boot []p
 		o.Overlay = &overlay.Config{Listen: []string{"127.0.0.1:0"}, KeyFile: ovFiles.keys[i], PSK: psk, Allow: ovFiles.allow, Bootstrap: boot,
 			AddedLatency: cfg.OverlayLatency}
 		o.OverlayStarted = func(ov *overlay.Overlay) { node.ov = ov }
+	}
+	// Bound until the node serves on it (daemon.Run closes it).
+	if o.MetricsListener, err = listenMetrics(metrics); err != nil {
+		return nil, err
+	}
+	if o.MetricsListener != nil {
+		o.Metrics = o.MetricsListener.Addr().String()
+		node.metricsAddr = o.Metrics
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)

@@ -231,10 +231,15 @@ func (s *Stack) startInvalidator(cfg Config) error {
 	}
 	o.QUMA = cfg.InvalidatorQUMA
 	o.FixIdentity = cfg.FixReplicaIdentity
-	if o.Metrics, err = freeAddr(cfg.InvalidatorMetrics); err != nil {
+	// The metrics port stays bound from when it is picked ("host:0") to
+	// when the invalidator serves on it; a restart listens on it again.
+	if o.MetricsListener, err = listenMetrics(cfg.InvalidatorMetrics); err != nil {
 		return err
 	}
-	s.metricsAddr = o.Metrics
+	if o.MetricsListener != nil {
+		s.metricsAddr = o.MetricsListener.Addr().String()
+	}
+	o.Metrics = s.metricsAddr
 	log, err := s.logger(cfg, "invalidator.log")
 	if err != nil {
 		return err
@@ -248,7 +253,8 @@ func (s *Stack) startInvalidator(cfg Config) error {
 	go func() {
 		for {
 			run := make(chan error, 1)
-			go func() { run <- service.Run(ctx, o, log) }()
+			go func(o service.Options) { run <- service.Run(ctx, o, log) }(o)
+			o.MetricsListener = nil
 			var err error
 			select {
 			case err = <-run:
@@ -297,18 +303,18 @@ func (s *Stack) IdentityProblem() string {
 	return s.identityProblem
 }
 
-// freeAddr resolves a listen address ("host:0" picks a free port; ""
-// stays "").
-func freeAddr(addr string) (string, error) {
+// listenMetrics listens on a /metrics address ("host:0" picks a free
+// port; "" is none: nil). The listener goes to the server itself: a port
+// picked, closed and listened on again could be taken in between.
+func listenMetrics(addr string) (net.Listener, error) {
 	if addr == "" {
-		return "", nil
+		return nil, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", err
+		return nil, fmt.Errorf("local: metrics listener: %w", err)
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return ln, nil
 }
 
 // logger is cfg.Log, or a logger writing to Dir/logs/name.

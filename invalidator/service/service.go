@@ -39,6 +39,10 @@ type Options struct {
 	StreamMaxAge time.Duration
 	StreamMemory bool
 	Metrics      string // address of /metrics; "" for none
+	// MetricsListener, when set, serves /metrics instead of listening on
+	// Metrics (a caller that picked a free port keeps it bound); Run
+	// closes it.
+	MetricsListener net.Listener
 	Pins         bool
 	PinInterval  time.Duration
 	MaxStaleness time.Duration
@@ -107,6 +111,9 @@ const natsReconnectWait = 250 * time.Millisecond
 // Run runs the publisher (resuming from the slot after any failure) and
 // the pincushion until ctx ends.
 func Run(ctx context.Context, o Options, log *slog.Logger) error {
+	if o.MetricsListener != nil {
+		defer o.MetricsListener.Close()
+	}
 	if err := o.Validate(); err != nil {
 		return err
 	}
@@ -122,10 +129,12 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	restarts := prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_restarts_total", Help: "Replication sessions restarted after an error."})
 	reg.MustRegister(restarts)
 
-	if o.Metrics != "" {
-		ln, err := net.Listen("tcp", o.Metrics)
-		if err != nil {
-			return fmt.Errorf("%w: metrics listener: %v", ErrConfig, err)
+	if ln := o.MetricsListener; ln != nil || o.Metrics != "" {
+		if ln == nil {
+			var err error
+			if ln, err = net.Listen("tcp", o.Metrics); err != nil {
+				return fmt.Errorf("%w: metrics listener: %v", ErrConfig, err)
+			}
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
