@@ -27,17 +27,17 @@ import (
 
 // Options configure a cache-node.
 type Options struct {
-	Listen   string // address of the protocol; "127.0.0.1:0" picks a port
-	NATS     string // NATS URL
-	Prefix   string // subject prefix
-	Store    string // "memory" or a redis:// URL
-	Memory   int64  // byte budget
-	Metrics  string // address of /metrics; "" for none
+	Listen  string // address of the protocol; "127.0.0.1:0" picks a port
+	NATS    string // NATS URL
+	Prefix  string // subject prefix
+	Store   string // "memory" or a redis:// URL
+	Memory  int64  // byte budget
+	Metrics string // address of /metrics; "" for none
 	// MetricsListener, when set, serves /metrics instead of listening on
 	// Metrics (a caller that picked a free port keeps it bound); Run
 	// closes it.
 	MetricsListener net.Listener
-	MaxFrame int
+	MaxFrame        int
 	// TLS, when set, serves the protocol over TLS; with ClientAuth
 	// tls.RequireAndVerifyClientCert (pki.ServerTLS) a peer without a
 	// certificate from the clients' CA is refused at the handshake.

@@ -43,10 +43,10 @@ type Options struct {
 	// Metrics (a caller that picked a free port keeps it bound); Run
 	// closes it.
 	MetricsListener net.Listener
-	Pins         bool
-	PinInterval  time.Duration
-	MaxStaleness time.Duration
-	PinBudget    int
+	Pins            bool
+	PinInterval     time.Duration
+	MaxStaleness    time.Duration
+	PinBudget       int
 	// NATSOptions are added to the NATS connection's options: the
 	// invalidator's credentials (nats.NkeyOptionFromSeed) and TLS.
 	NATSOptions []nats.Option
