@@ -103,8 +103,13 @@ type Config struct {
 	// snapshot at once instead of asking it. Keep it several times the
 	// pincushion's pin interval.
 	PinSilence time.Duration
-	Log        *slog.Logger
-	Metrics    prometheus.Registerer // may be nil
+	// CloseTimeout is how long Close waits for transactions still open
+	// to end (default DefaultCloseTimeout); then it closes their
+	// connections, so PostgreSQL rolls them back and their next statement
+	// fails, and returns without waiting for them.
+	CloseTimeout time.Duration
+	Log          *slog.Logger
+	Metrics      prometheus.Registerer // may be nil
 	// UnsafeIgnoreConsistency is for measurements only (the "no
 	// consistency" ablation of the benchmarks): hits do not narrow the
 	// transaction's snapshot, so results may mix snapshots within the
@@ -139,6 +144,7 @@ type Config struct {
 type Client struct {
 	cfg   Config
 	pool  *pgxpool.Pool
+	held  heldConns // the pool's connections acquired now
 	nc    *nats.Conn
 	pins  *pinTracker
 	nodes []*nodeClient
@@ -205,7 +211,21 @@ type Client struct {
 // scope; on error the client is closed.
 func (c *Client) openPool(ctx context.Context, postgresURL string) error {
 	var err error
-	if c.pool, err = pgxpool.New(ctx, postgresURL); err != nil {
+	pcfg, err := pgxpool.ParseConfig(postgresURL)
+	if err != nil {
+		c.cancel()
+		return fmt.Errorf("larder: %w", err)
+	}
+	pcfg.PrepareConn = func(_ context.Context, conn *pgx.Conn) (bool, error) {
+		c.held.add(conn)
+		return true, nil
+	}
+	pcfg.AfterRelease = func(conn *pgx.Conn) bool {
+		c.held.remove(conn)
+		return true
+	}
+	pcfg.BeforeClose = c.held.remove
+	if c.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		c.cancel()
 		return fmt.Errorf("larder: %w", err)
 	}
@@ -272,6 +292,7 @@ func (s *Stats) noteL1Miss(c store.MissClass) {
 const (
 	DefaultPinVerifyTimeout = time.Second
 	DefaultPinSilence       = time.Second
+	DefaultCloseTimeout     = 5 * time.Second
 )
 
 // Open connects to PostgreSQL and loads the QUMA file. It needs
@@ -305,6 +326,9 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	if cfg.PinSilence <= 0 {
 		cfg.PinSilence = DefaultPinSilence
+	}
+	if cfg.CloseTimeout <= 0 {
+		cfg.CloseTimeout = DefaultCloseTimeout
 	}
 	f, err := os.Open(cfg.QUMA)
 	if err != nil {
@@ -493,8 +517,65 @@ func (c *Client) Close() {
 		c.nc.Close()
 	}
 	if c.pool != nil {
-		c.pool.Close()
+		c.closePool()
 	}
+}
+
+// closePool closes the pool, waiting CloseTimeout for the transactions
+// still holding its connections. Past it, their connections are closed
+// under them (PostgreSQL rolls them back and lets their locks and
+// snapshots go; their next statement fails) and the pool finishes
+// closing when they end, without Close waiting.
+func (c *Client) closePool() {
+	done := make(chan struct{})
+	go func() {
+		c.pool.Close()
+		close(done)
+	}()
+	timer := time.NewTimer(c.cfg.CloseTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+		return
+	case <-timer.C:
+	}
+	n := c.held.closeAll()
+	c.m.closeAbandoned.Add(float64(n))
+	c.cfg.Log.Warn("larder: Close: transactions still open after the close timeout; their connections are closed (PostgreSQL rolls them back)",
+		"transactions", n, "close_timeout", c.cfg.CloseTimeout)
+}
+
+// heldConns are the pool's connections acquired now.
+type heldConns struct {
+	mu sync.Mutex
+	m  map[*pgx.Conn]struct{}
+}
+
+func (h *heldConns) add(conn *pgx.Conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = map[*pgx.Conn]struct{}{}
+	}
+	h.m[conn] = struct{}{}
+}
+
+func (h *heldConns) remove(conn *pgx.Conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.m, conn)
+}
+
+// closeAll closes the network connection under each held connection (a
+// net.Conn may be closed while another goroutine uses it) and says how
+// many there were.
+func (h *heldConns) closeAll() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for conn := range h.m {
+		_ = conn.PgConn().Conn().Close()
+	}
+	return len(h.m)
 }
 
 // Stats returns the client's counters.
@@ -610,6 +691,7 @@ func (t *RWTx) release(ctx context.Context) {
 	}
 	t.c.m.sessionsDropped.Inc()
 	pc := t.conn.Hijack()
+	t.c.held.remove(pc)
 	_ = pc.Close(ctx)
 }
 

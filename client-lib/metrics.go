@@ -40,6 +40,9 @@ type clientMetrics struct {
 	// sessionsDropped: pooled connections closed because a read/write
 	// transaction changed their session state.
 	sessionsDropped prometheus.Counter
+	// closeAbandoned: transactions whose connections Close closed after
+	// its timeout.
+	closeAbandoned prometheus.Counter
 	// scopeReads: session states read again after a statement that may
 	// have changed them (database/sql connections).
 	scopeReads prometheus.Counter
@@ -78,6 +81,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		collapsed:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_collapsed_misses_total", Help: "Misses that shared a concurrent identical load."}),
 		pipedReads:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_piped_reads_total", Help: "Misses read in the same round trip as their transaction's begin (snapshot import, table locks and storage check)."}),
 		sessionsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_sessions_dropped_total", Help: "Pooled connections closed because a read/write transaction changed their session state (SET, SET ROLE)."}),
+		closeAbandoned:   prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_close_abandoned_transactions_total", Help: "Transactions still open when Close's timeout passed; their connections were closed (PostgreSQL rolled them back)."}),
 		scopeReads:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_session_state_reads_total", Help: "Reads of a database/sql connection's roles and settings after a statement that may have changed them."}),
 		rewrittenRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_rewritten_retries_total", Help: "Read-only transactions refused (ErrRetry) because a table they read was truncated or rewritten after their snapshot; the pins that old are dropped."}),
 		storageChecks:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_storage_checks_total", Help: "Storage checks of the tables read-only transactions hold, by kind: quick (current storage matched an earlier check's fact) or full (the catalog join)."}, []string{"kind"}),
@@ -104,7 +108,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		m.fallbacks.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.pipedReads, m.sessionsDropped, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
+		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.pipedReads, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
 			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.functionCalls, m.templateReads,
 			m.pinsOtherServer)
 	}
