@@ -42,6 +42,9 @@ type harness struct {
 	epochs chan []byte // the sessions' epoch messages
 	stop   func() error
 	cc     jetstream.ConsumeContext
+	// readSeq is the stream sequence of the last message the reader
+	// passed on (collectThrough restarts a stalled reader after it).
+	readSeq atomic.Uint64
 }
 
 func newHarness(t *testing.T, ddl string) *harness {
@@ -118,27 +121,9 @@ func (h *harness) start(cfg Config) {
 			h.t.Fatalf("publisher stopped: %v", runErr)
 		default:
 		}
-		c, err := js.OrderedConsumer(context.Background(), invalidation.StreamName(h.prefix), jetstream.OrderedConsumerConfig{})
-		if err == nil {
-			h.cc, err = c.Consume(func(m jetstream.Msg) {
-				if m.Subject() == invalidation.EpochSubject(h.prefix) {
-					h.epochs <- m.Data() // a session's epoch, not a transaction
-					return
-				}
-				d, err := invalidation.Decode(m.Data())
-				if err != nil {
-					h.t.Errorf("undecodable message on %s: %v", m.Subject(), err)
-					return
-				}
-				h.msgs <- d
-			})
-			if err != nil {
-				h.t.Fatal(err)
-			}
-			h.t.Cleanup(h.cc.Stop)
+		if err := h.consume(js, 1); err == nil {
 			break
-		}
-		if time.Now().After(deadline) {
+		} else if time.Now().After(deadline) {
 			h.t.Fatalf("no stream: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -268,4 +253,39 @@ func describe(cs map[string]invalidation.Change) string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, " ")
+}
+
+// consume starts the harness's reader of the stream at stream sequence
+// from (an ordered consumer passing transactions and heartbeats to
+// h.msgs, epochs to h.epochs), replacing any earlier one.
+func (h *harness) consume(js jetstream.JetStream, from uint64) error {
+	c, err := js.OrderedConsumer(context.Background(), invalidation.StreamName(h.prefix),
+		jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from})
+	if err != nil {
+		return err
+	}
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		if md, err := m.Metadata(); err == nil {
+			h.readSeq.Store(md.Sequence.Stream)
+		}
+		if m.Subject() == invalidation.EpochSubject(h.prefix) {
+			h.epochs <- m.Data() // a session's epoch, not a transaction
+			return
+		}
+		d, err := invalidation.Decode(m.Data())
+		if err != nil {
+			h.t.Errorf("undecodable message on %s: %v", m.Subject(), err)
+			return
+		}
+		h.msgs <- d
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { h.t.Logf("stream reader: %v", err) }))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if h.cc != nil {
+		h.cc.Stop()
+	}
+	h.cc = cc
+	h.t.Cleanup(cc.Stop)
+	return nil
 }
