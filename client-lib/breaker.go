@@ -74,6 +74,30 @@ type nodeClient struct {
 	until    time.Time // end of the back-off (open)
 	backoff  time.Duration
 	closedAt time.Time // when the breaker last closed after a probe
+
+	afterL1 afterL1Gate // lookups after L1 misses (a client with an L1)
+}
+
+// askAfterL1 says whether a read the L1 missed asks this node (see
+// afterL1Gate); a skip is counted.
+func (n *nodeClient) askAfterL1() bool {
+	if n.afterL1.ask() {
+		return true
+	}
+	n.c.stats.NodeSkips.Add(1)
+	n.c.m.nodeSkips.Inc()
+	return false
+}
+
+// sawAfterL1 records the outcome of a lookup that followed an L1 miss.
+func (n *nodeClient) sawAfterL1(hit bool) {
+	switch changed, hits, lookups := n.afterL1.saw(hit); changed {
+	case +1:
+		n.c.cfg.Log.Info("larder: cache-node lookups after L1 misses paused: the node rarely holds what the L1 misses; one in 16 still asks",
+			"node", n.addr, "hits", hits, "lookups", lookups)
+	case -1:
+		n.c.cfg.Log.Info("larder: cache-node lookups after L1 misses resumed", "node", n.addr, "hits", hits, "probes", lookups)
+	}
 }
 
 // nodeIdleConns is how many idle connections a client keeps to each

@@ -271,6 +271,10 @@ type Stats struct {
 	// functions'); FunctionHits, cacheable function calls served from the
 	// L1 or a node; FunctionRuns, calls that ran the function.
 	NodeLookups, FunctionHits, FunctionRuns atomic.Int64
+	// NodeSkips counts reads the L1 missed that did not ask a cache-node
+	// because the node's hit rate after L1 misses was too low (see
+	// afterL1Gate).
+	NodeSkips atomic.Int64
 	// ScopeReads counts reads of a session's roles and settings (the key
 	// scope) after a statement that may have changed them.
 	ScopeReads atomic.Int64
@@ -532,7 +536,11 @@ func (c *Client) closePool() {
 		c.pool.Close()
 		close(done)
 	}()
-	timer := time.NewTimer(c.cfg.CloseTimeout)
+	timeout := c.cfg.CloseTimeout
+	if timeout <= 0 { // a client not made by Open (OpenPinned)
+		timeout = DefaultCloseTimeout
+	}
+	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
 	case <-done:
@@ -542,7 +550,7 @@ func (c *Client) closePool() {
 	n := c.held.closeAll()
 	c.m.closeAbandoned.Add(float64(n))
 	c.cfg.Log.Warn("larder: Close: transactions still open after the close timeout; their connections are closed (PostgreSQL rolls them back)",
-		"transactions", n, "close_timeout", c.cfg.CloseTimeout)
+		"transactions", n, "close_timeout", timeout)
 }
 
 // heldConns are the pool's connections acquired now.

@@ -18,6 +18,8 @@ type clientMetrics struct {
 	uncached   *prometheus.CounterVec // reason
 	fallbacks  *prometheus.CounterVec // reason
 	nodeErrors prometheus.Counter
+	// nodeSkips: reads the L1 missed that did not ask a cache-node.
+	nodeSkips prometheus.Counter
 	// Per cache-node (label node): the breaker's state (0 closed, 1 open,
 	// 2 probing), calls that ran out of time, breakers opened, calls not
 	// made while open, probes sent.
@@ -72,6 +74,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		reads:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_reads_total", Help: "Cacheable reads in read-only transactions, by where the result came from (l1, node, database)."}, []string{"source"}),
 		uncached:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_uncacheable_total", Help: "Reads that could not be cached, by reason (run at the transaction's snapshot)."}, []string{"reason"}),
 		fallbacks:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_fallbacks_total", Help: "Read-only transactions that found no usable pin and ran uncached on a fresh snapshot, by reason: nats (not connected), pins (the pincushion is placing none), verify (it did not place the snapshot in time, or refused it)."}, []string{"reason"}),
+		nodeSkips:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_node_lookups_skipped_total", Help: "Reads the L1 missed that did not ask a cache-node: its hit rate after L1 misses was under 5% (one in 16 still asks)."}),
 		nodeErrors:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_node_errors_total", Help: "Failed cache-node requests: timeouts and connection errors (the read went to PostgreSQL)."}),
 		nodeState:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_client_node_breaker_state", Help: "Each cache-node's circuit breaker: 0 closed (in use), 1 open (bypassed: reads go to PostgreSQL), 2 probing."}, []string{"node"}),
 		nodeTimeouts:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_node_timeouts_total", Help: "Cache-node calls that ran out of time (NodeTimeout), connecting included."}, []string{"node"}),
@@ -108,7 +111,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		m.fallbacks.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.collapsed, m.pipedReads, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
+		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.nodeSkips, m.collapsed, m.pipedReads, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
 			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.functionCalls, m.templateReads,
 			m.pinsOtherServer)
 	}

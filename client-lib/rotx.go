@@ -617,11 +617,14 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		}
 	}
 	node := t.c.node(key)
-	if node != nil {
+	if node != nil && (t.c.l1 == nil || node.askAfterL1()) {
 		// A node that fails costs at most its call's deadline, and once
 		// its breaker opens nothing: the read goes to PostgreSQL.
 		t.c.stats.NodeLookups.Add(1)
 		r, err := node.lookup(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: tpl.ID})
+		if err == nil && t.c.l1 != nil {
+			node.sawAfterL1(r.Miss == store.Hit)
+		}
 		switch {
 		case err != nil:
 			// Failed or bypassed (counted by the node client): the read
