@@ -399,7 +399,8 @@ func (c *Client) natsOptions() []nats.Option {
 		default:
 		}
 	}
-	opts := append([]nats.Option{nats.Name("larder-client"), nats.MaxReconnects(-1)}, c.cfg.NATSOptions...)
+	// The L1's node confirms on this connection (node.SyncQueueLen).
+	opts := append([]nats.Option{nats.Name("larder-client"), nats.MaxReconnects(-1), node.SyncQueueLen()}, c.cfg.NATSOptions...)
 	return append(opts, nats.RetryOnFailedConnect(true),
 		nats.ConnectHandler(func(nc *nats.Conn) {
 			connected(nc)

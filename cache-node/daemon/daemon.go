@@ -85,7 +85,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger, ready chan<- string) 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	natsOpts := append([]nats.Option{nats.Name("larder-cache-node"), nats.MaxReconnects(-1),
+	natsOpts := append([]nats.Option{nats.Name("larder-cache-node"), nats.MaxReconnects(-1), node.SyncQueueLen(),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("NATS", "err", err) })}, o.NATSOptions...)
 	nc, err := nats.Connect(o.NATS, natsOpts...)
 	if err != nil {

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -189,5 +190,52 @@ func TestEpochBoundsCompleteness(t *testing.T) {
 				t.Fatal("without an epoch the subscription check trusted the empty subject, yet nothing was stale: the test cannot fail")
 			}
 		})
+	}
+}
+
+// With SyncQueueLen, a confirmation's direct get does not make a
+// subscription channel of the connection's default 64 Ki messages
+// (512 KiB) each time: an application with an L1 confirms groups all the
+// time, and those channels were half of what it allocated.
+func TestLastMessagesAllocateLittle(t *testing.T) {
+	nc, err := nats.Connect(env.NATS.URL(), SyncQueueLen())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	name, prefix := fmt.Sprintf("LASTALLOC_%d", seq.Add(1)), fmt.Sprintf("lastalloc%d", seq.Add(1))
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"}, Storage: jetstream.MemoryStorage, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
+	var batch []*group
+	for i := range 4 {
+		subj := fmt.Sprintf("%s.s%d", prefix, i)
+		batch = append(batch, &group{subject: subj})
+		if _, err := js.Publish(ctx, subj, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &Node{js: js}
+	const runs = 50
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range runs {
+		if got, err := n.lastMessages(ctx, stream, batch); err != nil || len(got) != len(batch) {
+			t.Fatalf("%d of %d subjects, %v", len(got), len(batch), err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	// The default channel alone is 512 KiB a request.
+	if per := (after.TotalAlloc - before.TotalAlloc) / runs; per > 128<<10 {
+		t.Fatalf("%d KiB allocated a confirmation of %d subjects", per>>10, len(batch))
 	}
 }

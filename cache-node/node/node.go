@@ -812,6 +812,15 @@ func (n *Node) confirmLoop(ctx context.Context) {
 // server answers at most 1 024 messages a request).
 const lastMultiMax = 512
 
+// SyncQueueLen is an option for a node's NATS connection. A multi_last
+// direct get (jetstreamext.GetLastMsgsFor, the confirmations) reads its
+// answer through a synchronous subscription whose channel is made at the
+// connection's SubChanLen: 64 Ki messages (512 KiB) by default, for an
+// answer of at most lastMultiMax+1 messages. Made for every confirmation,
+// those channels were half of what an application with an L1 allocated,
+// and drove its garbage collector.
+func SyncQueueLen() nats.Option { return nats.SyncQueueLen(2 * lastMultiMax) }
+
 // lastMultiTimeout bounds the wait for a multi_last answer; one that
 // does not come whole in time is completed one subject at a time.
 var lastMultiTimeout = 5 * time.Second
