@@ -54,6 +54,7 @@ import (
 	"github.com/larderdb/larder/bench/rubis/stackenv"
 	"github.com/larderdb/larder/cache-node/store"
 	larder "github.com/larderdb/larder/client-lib"
+	"github.com/larderdb/larder/internal/bytesize"
 	"github.com/larderdb/larder/internal/pprofserve"
 )
 
@@ -113,7 +114,7 @@ type bench struct {
 
 func run() error {
 	envFile := flag.String("env", ".larder-local/stack.env", "the local stack's env file (LARDER_PG_URL, LARDER_DSN)")
-	modes := flag.String("modes", "direct,larder,larder-nocons,local-only,php-direct,php-larder", "modes, comma-separated (also larder-l1: larder with a 256 MiB L1 in the application; larder-client-ryw: larder without per-user sessions; larder-functions: larder with the item, user and bid history pages cached as functions; php-direct, php-larder and php-larder-l1: the PHP application under PHP's built-in server, on PostgreSQL and through a Larder front in this process, without and with a 256 MiB L1)")
+	modes := flag.String("modes", "direct,larder,larder-nocons,local-only,php-direct,php-larder", "modes, comma-separated (also larder-l1: larder with an L1 (--l1) in the application; larder-client-ryw: larder without per-user sessions; larder-functions: larder with the item, user and bid history pages cached as functions; php-direct, php-larder and php-larder-l1: the PHP application under PHP's built-in server, on PostgreSQL and through a Larder front in this process, without and with an L1)")
 	urls := modeURLs{}
 	flag.Var(urls, "mode-url", "name=postgres://…: a mode that runs the application directly, like direct, on another PostgreSQL (added to --modes; repeatable; direct=… moves the baseline)")
 	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
@@ -134,7 +135,13 @@ func run() error {
 	flag.IntVar(&phpWorkers, "php-workers", phpWorkers, "PHP_CLI_SERVER_WORKERS of the PHP modes: PHP processes serving requests, each with its own database session")
 	flag.BoolVar(&sqlNow, "sql-now", false, "the application's time-dependent reads use RUBiS's original end_date >= NOW() (cached per clock bucket by Larder) instead of a $now parameter it rounds to a minute itself")
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
+	l1 := flag.String("l1", "256MiB", "the L1 of the modes with one (larder-l1, local-only, php-larder-l1): bytes, with an optional KiB, MiB or GiB suffix")
 	flag.Parse()
+	if n, err := bytesize.Parse(*l1); err != nil || n <= 0 {
+		return fmt.Errorf("--l1 %q: want a positive size (%v)", *l1, err)
+	} else {
+		l1Bytes = n
+	}
 	pprofserve.FromEnv("LARDER_BENCH_PPROF") // the application and the Larder client under load
 
 	env, err := stackenv.Read(*envFile, "go run ./deploy/local up")
@@ -223,7 +230,7 @@ func run() error {
 		}
 	}
 	machine := fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode; "+
-		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v; NOW() in SQL: %v", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow)
+		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v; NOW() in SQL: %v; L1 (modes with one): %d MiB", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow, l1Bytes>>20)
 	note, err := checkCluster(modeList)
 	if err != nil {
 		return err
@@ -472,6 +479,9 @@ var registerTagSets = true
 // sqlNow: the application runs RUBiS's original NOW() SQL (--sql-now).
 var sqlNow bool
 
+// l1Bytes is the L1 of the modes with one (--l1).
+var l1Bytes int64 = 256 << 20
+
 // modeDSN is the larder DSN of a mode.
 func modeDSN(mode, label string, env map[string]string) string {
 	u, err := url.Parse(env["LARDER_DSN"])
@@ -493,10 +503,10 @@ func modeDSN(mode, label string, env map[string]string) string {
 		q.Set(larder.UnsafeAblationParam, "true")
 	case "larder-l1":
 		// The node and each application instance's L1 in front of it.
-		q.Set("larder.l1", strconv.Itoa(256<<20))
+		q.Set("larder.l1", strconv.FormatInt(l1Bytes, 10))
 	case "local-only":
 		q.Del("larder.nodes")
-		q.Set("larder.l1", strconv.Itoa(256<<20))
+		q.Set("larder.l1", strconv.FormatInt(l1Bytes, 10))
 	default:
 		return ""
 	}
