@@ -2,8 +2,10 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -428,7 +430,11 @@ func TestReplayAfterReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pubConn.Close()
-	nodeConn, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(700*time.Millisecond))
+	// The node's connection dials through a gate, shut while b is
+	// published: otherwise its first reconnect attempt, which nats.go
+	// makes at once, can come before b and receive it.
+	gate := &gatedDialer{}
+	nodeConn, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.SetCustomDialer(gate))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +448,9 @@ func TestReplayAfterReconnect(t *testing.T) {
 
 	// The server restarts; the publisher is back first and publishes an
 	// invalidation the node, still away, does not receive live.
+	gate.shut.Store(true)
 	_ = srv.Close()
+	waitDisconnected(t, nodeConn)
 	if srv, err = servers.StartNATS(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -453,6 +461,7 @@ func TestReplayAfterReconnect(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	l := h.f.commit(invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"name"}})
+	gate.shut.Store(false)
 	h.waitWatermark(l)
 
 	if r := h.lookup("hit", s, s); r.Miss != store.Hit || r.Open || r.Hi != l {
@@ -493,7 +502,8 @@ func TestOutOfOrderAfterReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pubConn.Close()
-	nodeConn, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(700*time.Millisecond))
+	gate := &gatedDialer{} // shut while b is published (see TestReplayAfterReconnect)
+	nodeConn, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.SetCustomDialer(gate))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -506,7 +516,9 @@ func TestOutOfOrderAfterReconnect(t *testing.T) {
 
 	// No heartbeat until the end: the node notices its reconnect only then.
 	h.f.paused.Store(true)
+	gate.shut.Store(true)
 	_ = srv.Close()
+	waitDisconnected(t, nodeConn)
 	if srv, err = servers.StartNATS(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -517,6 +529,7 @@ func TestOutOfOrderAfterReconnect(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	b := h.f.commit(invalidation.Change{Tag: "public.items(id)=1", Columns: []string{"qty"}}) // lost by the node
+	gate.shut.Store(false)
 	for deadline := time.Now().Add(20 * time.Second); !nodeConn.IsConnected(); {
 		if time.Now().After(deadline) {
 			t.Fatal("the node did not reconnect")
@@ -644,5 +657,25 @@ func TestRestartWithoutASavedWatermark(t *testing.T) {
 	// The first heartbeat saved a watermark: a restart from here replays.
 	if wm, ok, _ := back.SavedWatermark(context.Background()); !ok || wm == 0 {
 		t.Fatal("the node saved no watermark on its first heartbeat")
+	}
+}
+
+// gatedDialer dials TCP, except while shut.
+type gatedDialer struct{ shut atomic.Bool }
+
+func (g *gatedDialer) Dial(network, address string) (net.Conn, error) {
+	if g.shut.Load() {
+		return nil, errors.New("gatedDialer: shut")
+	}
+	return (&net.Dialer{Timeout: 2 * time.Second}).Dial(network, address)
+}
+
+// waitDisconnected waits until nc has noticed its server go.
+func waitDisconnected(t *testing.T, nc *nats.Conn) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); nc.IsConnected(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the node's connection did not notice the server go")
+		}
 	}
 }
