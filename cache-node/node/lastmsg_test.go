@@ -14,10 +14,11 @@ import (
 	"github.com/larderdb/larder/internal/invalidation"
 )
 
-// jetStreamFor is a JetStream context on a connection of the test's own.
-func jetStreamFor(t *testing.T) jetstream.JetStream {
+// jetStreamFor is a JetStream context on a connection of the test's own,
+// made with opts.
+func jetStreamFor(t *testing.T, opts ...nats.Option) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(env.NATS.URL())
+	nc, err := nats.Connect(env.NATS.URL(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,15 +199,7 @@ func TestEpochBoundsCompleteness(t *testing.T) {
 // (512 KiB) each time: an application with an L1 confirms groups all the
 // time, and those channels were half of what it allocated.
 func TestLastMessagesAllocateLittle(t *testing.T) {
-	nc, err := nats.Connect(env.NATS.URL(), SyncQueueLen())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStreamFor(t, SyncQueueLen())
 	ctx := context.Background()
 	name, prefix := fmt.Sprintf("LASTALLOC_%d", seq.Add(1)), fmt.Sprintf("lastalloc%d", seq.Add(1))
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"}, Storage: jetstream.MemoryStorage, AllowDirect: true}); err != nil {
