@@ -231,6 +231,10 @@ func (s *Stack) startInvalidator(cfg Config) error {
 	}
 	o.QUMA = cfg.InvalidatorQUMA
 	o.FixIdentity = cfg.FixReplicaIdentity
+	log, err := s.logger(cfg, "invalidator.log")
+	if err != nil {
+		return err
+	}
 	// The metrics port stays bound from when it is picked ("host:0") to
 	// when the invalidator serves on it; a restart listens on it again.
 	if o.MetricsListener, err = listenMetrics(cfg.InvalidatorMetrics); err != nil {
@@ -240,10 +244,6 @@ func (s *Stack) startInvalidator(cfg Config) error {
 		s.metricsAddr = o.MetricsListener.Addr().String()
 	}
 	o.Metrics = s.metricsAddr
-	log, err := s.logger(cfg, "invalidator.log")
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopInvalidator = cancel
 	s.invalidatorDone = make(chan error, 1)
