@@ -39,7 +39,7 @@
 // connect to it as to PostgreSQL; transactions begun READ ONLY read through
 // Larder, everything else goes to PostgreSQL unchanged. `demo` runs psql
 // through it twice; the second read is a cache hit. Its metrics are on
-// 127.0.0.1:19190 (-front-metrics).
+// 127.0.0.1:19187 (-front-metrics).
 //
 // # The application's QUMA file and replica identities
 //

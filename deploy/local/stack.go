@@ -100,7 +100,7 @@ func DefaultConfig() Config {
 		InvalidatorMetrics: "127.0.0.1:19188",
 		CacheNodeMetrics:   "127.0.0.1:19189",
 		FrontPort:          16432,
-		FrontMetrics:       "127.0.0.1:19190",
+		FrontMetrics:       "127.0.0.1:19187", // below the invalidator: the cache-nodes take 19189 and up
 		CacheNodePort:      17070,
 		CacheNodeMemory:    256 << 20,
 	}
