@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/larderdb/larder/cache-node/protocol"
+	"github.com/larderdb/larder/cache-node/store"
 )
 
 // Cache-node calls are bounded and a node that fails is left alone for a
@@ -78,15 +79,22 @@ type nodeClient struct {
 	afterL1 afterL1Gate // lookups after L1 misses (a client with an L1)
 }
 
-// askAfterL1 says whether a read the L1 missed asks this node (see
-// afterL1Gate); a skip is counted.
-func (n *nodeClient) askAfterL1() bool {
-	if n.afterL1.ask() {
-		return true
+// lookupCounted asks the node for q (counted in Stats.NodeLookups). A
+// read that follows an L1 miss (afterL1) goes through the node's
+// afterL1Gate: when the gate skips it, asked is false (the skip is
+// counted), and a lookup's outcome feeds the gate.
+func (n *nodeClient) lookupCounted(ctx context.Context, q *protocol.LookupRequest, afterL1 bool) (r protocol.LookupResponse, asked bool, err error) {
+	if afterL1 && !n.afterL1.ask() {
+		n.c.stats.NodeSkips.Add(1)
+		n.c.m.nodeSkips.Inc()
+		return r, false, nil
 	}
-	n.c.stats.NodeSkips.Add(1)
-	n.c.m.nodeSkips.Inc()
-	return false
+	n.c.stats.NodeLookups.Add(1)
+	r, err = n.lookup(ctx, q)
+	if err == nil && afterL1 {
+		n.sawAfterL1(r.Miss == store.Hit)
+	}
+	return r, true, err
 }
 
 // sawAfterL1 records the outcome of a lookup that followed an L1 miss.

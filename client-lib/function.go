@@ -154,15 +154,11 @@ func (f *Function[A, R]) lookup(ctx context.Context, t *ROTx, key []byte) (R, bo
 		}
 	}
 	node := t.c.node(key)
-	if node == nil || (t.c.l1 != nil && !node.askAfterL1()) {
+	if node == nil {
 		return zero, false
 	}
-	t.c.stats.NodeLookups.Add(1)
-	e, err := node.lookup(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: "function:" + f.name})
-	if err == nil && t.c.l1 != nil {
-		node.sawAfterL1(e.Miss == store.Hit)
-	}
-	if err != nil || e.Miss != store.Hit {
+	e, asked, err := node.lookupCounted(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: "function:" + f.name}, t.c.l1 != nil)
+	if !asked || err != nil || e.Miss != store.Hit {
 		return zero, false
 	}
 	r, tags, ok := decode(e.Value)

@@ -617,15 +617,13 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		}
 	}
 	node := t.c.node(key)
-	if node != nil && (t.c.l1 == nil || node.askAfterL1()) {
+	if node != nil {
 		// A node that fails costs at most its call's deadline, and once
 		// its breaker opens nothing: the read goes to PostgreSQL.
-		t.c.stats.NodeLookups.Add(1)
-		r, err := node.lookup(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: tpl.ID})
-		if err == nil && t.c.l1 != nil {
-			node.sawAfterL1(r.Miss == store.Hit)
-		}
+		r, asked, err := node.lookupCounted(ctx, &protocol.LookupRequest{Key: key, TMin: tmin, TMax: tmax, Template: tpl.ID}, t.c.l1 != nil)
 		switch {
+		case !asked:
+			// Skipped after the L1's miss (see afterL1Gate): a miss.
 		case err != nil:
 			// Failed or bypassed (counted by the node client): the read
 			// goes on as a miss, at the transaction's candidates.
