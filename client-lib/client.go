@@ -52,6 +52,13 @@ type Config struct {
 	// NoRegisterTagSets turns that registration off: results that would
 	// key on a set the invalidator does not publish use the table tag.
 	NoRegisterTagSets bool
+	// NoRowSplit keeps every result's dependencies whole. By default a
+	// result whose outputs are plain columns with its table's primary key
+	// is split by rows (quma.RowSplit): its group tags read only the
+	// columns that decide which rows it holds, and each row it holds adds
+	// a tag on its key for the columns it only shows, so that an UPDATE of
+	// a row it does not show leaves it valid.
+	NoRowSplit bool
 	// ClockGranularity is the width of clock buckets (0: the default, a
 	// minute; < 0: off). A query reading the transaction's start (now(),
 	// CURRENT_TIMESTAMP, CURRENT_DATE, CURRENT_TIME, LOCALTIMESTAMP,

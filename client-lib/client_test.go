@@ -42,6 +42,9 @@ ALTER TABLE accounts REPLICA IDENTITY FULL;`
 const readBalance = "SELECT balance FROM accounts WHERE id = $1"
 const readBalanceVer = "SELECT balance, ver FROM accounts WHERE id = $1"
 
+// readRange reads accounts 1 to $1 in one result, which splits by rows.
+const readRange = "SELECT id, balance, ver FROM accounts WHERE id <= $1 ORDER BY id"
+
 var stackSeq atomic.Int64
 
 // natsOverride, when set, is the NATS server the next stack uses;
@@ -319,13 +322,16 @@ func TestReadsHitTheCacheAndSeeTheirWrites(t *testing.T) {
 // any two results came from different snapshots.
 func TestSnapshotConsistencyUnderConcurrentTransfers(t *testing.T) {
 	for _, c := range []struct {
-		broken bool
+		name   string
+		broken bool // a client that ignores validity intervals
+		rows   bool // one whose split results hold no row tags
 		l1     int64
-	}{{false, 8 << 20}, {false, 0}, {true, 8 << 20}} {
-		broken := c.broken
-		t.Run(fmt.Sprintf("broken=%v,L1=%d", broken, c.l1), func(t *testing.T) {
-			skipNarrowForTest = broken
-			defer func() { skipNarrowForTest = false }()
+	}{{"broken=false,L1=8388608", false, false, 8 << 20}, {"broken=false,L1=0", false, false, 0},
+		{"broken=true,L1=8388608", true, false, 8 << 20}, {"broken=rows,L1=0", false, true, 0}} {
+		broken := c.broken || c.rows
+		t.Run(c.name, func(t *testing.T) {
+			skipNarrowForTest, dropRowTagsForTest = c.broken, c.rows
+			defer func() { skipNarrowForTest, dropRowTagsForTest = false, false }()
 			violations, reads := transfersAndReads(t, c.l1)
 			if broken && len(violations) == 0 {
 				t.Fatalf("a client that ignores validity intervals passed %d transactions: the checker cannot fail", reads)
@@ -527,7 +533,32 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 					order = order[:1+r.Intn(accounts)]
 				}
 				var rerr error
-				if r.Intn(3) == 0 {
+				if r.Intn(4) == 0 {
+					// A range of accounts in one result, split by rows
+					// (quma.RowSplit): transfers change the rows it
+					// shows, never which rows it holds.
+					order = order[:0]
+					n := 1 + r.Intn(accounts)
+					var rows *Rows
+					if rows, rerr = tx.Query(context.Background(), readRange, n); rerr == nil {
+						for rows.Next() {
+							var id int
+							var row history.Row
+							if rerr = rows.Scan(&id, &row.Balance, &row.Ver); rerr != nil {
+								break
+							}
+							rt.Reads[id] = row
+							order0 = append(order0, 100+id)
+						}
+						if rerr == nil {
+							rerr = rows.Err()
+						}
+						rows.Close()
+					}
+					if rerr == nil && len(rt.Reads) != n {
+						t.Errorf("%s with $1 = %d: %d rows", readRange, n, len(rt.Reads))
+					}
+				} else if r.Intn(3) == 0 {
 					// Through the cacheable functions, then maybe a row.
 					var m map[int]history.Row
 					if r.Intn(2) == 0 {

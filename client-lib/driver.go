@@ -48,7 +48,8 @@ func init() { sql.Register(DriverName, registered) }
 // of the clock buckets of queries reading now(); 0s: such queries run
 // uncached; see Config.ClockGranularity); larder.register-tag-sets=false keeps the client
 // from registering the QUMA file's tag column sets with the invalidator
-// (Config.NoRegisterTagSets). A read-only transaction
+// (Config.NoRegisterTagSets); larder.split-rows=false keeps every result's
+// dependencies whole (Config.NoRowSplit). A read-only transaction
 // (sql.TxOptions{ReadOnly: true}) is a cached read-only transaction;
 // everything else is plain PostgreSQL through pgx.
 type Driver struct {
@@ -197,6 +198,12 @@ func ParseDSN(dsn string) (Config, error) {
 				return cfg, fmt.Errorf("larder: larder.register-tag-sets=%q: want true or false", v)
 			}
 			cfg.NoRegisterTagSets = !on
+		case "larder.split-rows":
+			on, err := strconv.ParseBool(v)
+			if err != nil {
+				return cfg, fmt.Errorf("larder: larder.split-rows=%q: want true or false", v)
+			}
+			cfg.NoRowSplit = !on
 		case "larder.node-placement":
 			if cfg.Placement, err = ParsePlacement(v); err != nil {
 				return cfg, fmt.Errorf("larder: larder.node-placement: %w", err)

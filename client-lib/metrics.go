@@ -55,6 +55,8 @@ type clientMetrics struct {
 	// on took effect after their snapshot.
 	registrations *prometheus.CounterVec
 	earlyPuts     prometheus.Counter
+	// rowSplits: results cached split by rows (quma.RowSplit), by outcome.
+	rowSplits *prometheus.CounterVec
 	// functionCalls: cacheable function calls, by outcome (l1, node:
 	// hits; run: run and cached; uncacheable: run, not cached).
 	functionCalls *prometheus.CounterVec
@@ -91,6 +93,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		planRetries:      prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_plan_retries_total", Help: "Statements run again at the same pin because a schema change replaced a cached statement's result type."}),
 		schemaReloads:    prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_schema_reloads_total", Help: "Reloads of the live catalog and of the invalidator's coverage after a schema change."}),
 		registrations:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_tag_set_registrations_total", Help: "Tag column sets of the QUMA file the client asked the invalidator to publish, by outcome: registered, refused (the invalidator's reason is logged), failed (asked again at the next reload)."}, []string{"outcome"}),
+		rowSplits:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_row_split_results_total", Help: "Cached results whose template splits by rows: split (group tags on the membership columns, a tag per row for the rest) or whole (a NULL key, an unreadable key column, more rows than the split allows)."}, []string{"outcome"}),
 		earlyPuts:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_puts_before_tag_set_total", Help: "Results not put on a cache-node because a tag column set they key on was registered after their snapshot (kept in the L1 only)."}),
 		functionCalls:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_function_calls_total", Help: "Cacheable function calls, by outcome: l1 and node (hits), run (run and cached), uncacheable (run, not cached: it read something uncacheable)."}, []string{"outcome"}),
 		templateReads:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_reads_total", Help: "Reads in read-only transactions by query template (its id, the pg_query fingerprint; the first 500 templates, then \"other\") and source: l1 and node (hits), database (a miss, computed at the snapshot and cached), uncached (run at the snapshot, not cached)."}, []string{"template", "source"}),
@@ -112,7 +115,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.nodeSkips, m.collapsed, m.pipedReads, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
-			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.functionCalls, m.templateReads,
+			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.rowSplits, m.functionCalls, m.templateReads,
 			m.pinsOtherServer)
 	}
 	return m

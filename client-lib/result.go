@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -218,3 +219,53 @@ func (r *Rows) Close() { r.done = true }
 
 // Len is the number of rows.
 func (r *Rows) Len() int { return len(r.res.Rows) }
+
+// intColumn reads column i of every row as an integer (int2, int4 or
+// int8, in text or binary format); false for another type or a NULL.
+func (r *Result) intColumn(i int) ([]int64, bool) {
+	if i < 0 || i >= len(r.Fields) {
+		return nil, false
+	}
+	f := r.Fields[i]
+	var size int
+	switch f.DataTypeOID {
+	case pgtype.Int2OID:
+		size = 2
+	case pgtype.Int4OID:
+		size = 4
+	case pgtype.Int8OID:
+		size = 8
+	default:
+		return nil, false
+	}
+	out := make([]int64, len(r.Rows))
+	for j, row := range r.Rows {
+		if i >= len(row) || row[i] == nil {
+			return nil, false
+		}
+		v := row[i]
+		switch f.Format {
+		case pgtype.TextFormatCode:
+			n, err := strconv.ParseInt(string(v), 10, 64)
+			if err != nil {
+				return nil, false
+			}
+			out[j] = n
+		case pgtype.BinaryFormatCode:
+			if len(v) != size {
+				return nil, false
+			}
+			switch size {
+			case 2:
+				out[j] = int64(int16(binary.BigEndian.Uint16(v)))
+			case 4:
+				out[j] = int64(int32(binary.BigEndian.Uint32(v)))
+			default:
+				out[j] = int64(binary.BigEndian.Uint64(v))
+			}
+		default:
+			return nil, false
+		}
+	}
+	return out, true
+}

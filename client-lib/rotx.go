@@ -691,6 +691,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return res, nil
 	}
 	value := res.encode(nil)
+	qtags = t.c.splitRows(tpl, qtags, res)
 	if !k.publishedAt(qtags, t.ts) {
 		// Keyed on a set registered after this snapshot: changes between
 		// the two were not published under it. The L1 holds it at t.ts

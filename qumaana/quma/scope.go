@@ -49,6 +49,7 @@ type relRef struct {
 	bound    map[string][]valueSource // column → alternatives, after closure
 	notes    []string                 // predicates on it that were not understood
 	nullable bool                     // on the nullable side of an outer join
+	split    *RowSplit                // how a result narrows to its rows (rows.go)
 }
 
 func (r *relRef) read(col string) {
@@ -298,6 +299,9 @@ func (a *analysis) selectStmt(st *pg.SelectStmt, parent *scope) {
 		for _, r := range sc.rels {
 			r.note("no predicate restricts it")
 		}
+	}
+	if parent == nil && a.depth == 1 {
+		a.splitRows(st, sc)
 	}
 }
 

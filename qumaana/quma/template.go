@@ -62,6 +62,9 @@ type Dep struct {
 	keyTypes   []string
 	// Reason says why the dependency is on the whole table, when it is.
 	Reason string
+	// Rows, when set, narrows the dependency to the rows of a result
+	// (Template.SplitRows).
+	Rows *RowSplit
 }
 
 // Write is what a write statement changes in one table.
@@ -124,6 +127,68 @@ func (t *Template) Tags(params []any) ([]QueryTag, error) {
 		out = append(out, QueryTag{Tag: tags.TableTag(d.Table), Reads: d.Reads, AllColumns: d.AllColumns})
 	}
 	return out, nil
+}
+
+// maxRowTags bounds the rows a result is split into (SplitRows); a larger
+// result keeps its dependencies whole.
+const maxRowTags = 256
+
+// SplitsRows reports whether a dependency of the template has a RowSplit.
+func (t *Template) SplitsRows() bool {
+	for i := range t.Deps {
+		if t.Deps[i].Rows != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// SplitRows narrows qtags (Tags' answer for this template) to a result of
+// rows rows: the tags of each dependency with a RowSplit read only its
+// membership columns, and each row adds a tag on the table's key reading
+// the display columns. keys(output) returns the result's column output,
+// one integer per row, or false when it cannot be read (a NULL); then, or
+// when the result has more than maxRowTags rows, qtags are returned as
+// they are. The second result reports whether they were narrowed.
+func (t *Template) SplitRows(qtags []QueryTag, rows int, keys func(output int) ([]int64, bool)) ([]QueryTag, bool) {
+	if rows > maxRowTags {
+		return qtags, false
+	}
+	var out []QueryTag
+	for i := range t.Deps {
+		d := &t.Deps[i]
+		if d.Rows == nil {
+			continue
+		}
+		ids, ok := keys(d.Rows.Output)
+		if !ok || len(ids) != rows {
+			return qtags, false
+		}
+		if out == nil {
+			out = slices.Clone(qtags)
+		}
+		for j := range qtags {
+			if out[j].Table == d.Table {
+				out[j].Reads, out[j].AllColumns = d.Rows.Membership, false
+			}
+		}
+		seen := make(map[string]bool, len(ids))
+		for _, id := range ids {
+			v, ok := canonical(d.Rows.KeyType, id)
+			if !ok {
+				return qtags, false
+			}
+			if seen[v] {
+				continue
+			}
+			seen[v] = true
+			out = append(out, QueryTag{Tag: tags.Tag{Table: d.Table, Columns: []string{d.Rows.KeyColumn}, Values: []string{v}}, Reads: d.Rows.Display})
+		}
+	}
+	if out == nil {
+		return qtags, false
+	}
+	return out, true
 }
 
 // instantiate returns every combination of canonical key values.
@@ -261,6 +326,12 @@ func buildDeps(refs []*relRef, sets map[string][][]string) []Dep {
 			sort.Strings(d.Reads)
 		}
 		cols, reason := chooseKey(r, sets[r.name])
+		if r.split != nil && !slices.Equal(cols, []string{r.split.KeyColumn}) && slices.ContainsFunc(sets[r.name], func(set []string) bool {
+			return len(set) == 1 && set[0] == r.split.KeyColumn
+		}) {
+			// Split by rows, unless keyed on the row already.
+			d.Rows = r.split
+		}
 		if cols == nil {
 			d.Reason = reason
 		} else {

@@ -1,0 +1,29 @@
+package larder
+
+import "github.com/larderdb/larder/qumaana/quma"
+
+// splitRows narrows the tags of a result of tpl to its rows when the
+// template splits (quma.RowSplit) and the client does (Config.NoRowSplit):
+// group tags on the membership columns, and a tag per row on its key for
+// the columns the result only shows. A result that cannot be split (a
+// NULL or unreadable key, too many rows) keeps qtags whole; both are
+// counted.
+func (c *Client) splitRows(tpl *quma.Template, qtags []quma.QueryTag, res *Result) []quma.QueryTag {
+	if c.cfg.NoRowSplit || !tpl.SplitsRows() {
+		return qtags
+	}
+	split, ok := tpl.SplitRows(qtags, len(res.Rows), res.intColumn)
+	if ok && dropRowTagsForTest {
+		split = split[:len(qtags)] // the rows' tags follow qtags
+	}
+	if ok {
+		c.m.rowSplits.WithLabelValues("split").Inc()
+	} else {
+		c.m.rowSplits.WithLabelValues("whole").Inc()
+	}
+	return split
+}
+
+// dropRowTagsForTest breaks the client on purpose (split results hold no
+// row tags), to show that the consistency tests catch it.
+var dropRowTagsForTest bool

@@ -1,0 +1,150 @@
+package larder
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/larderdb/larder/cache-node/store"
+)
+
+const searchDDL = `CREATE TABLE items (id int PRIMARY KEY, category int NOT NULL, name text NOT NULL, price int NOT NULL);
+ALTER TABLE items REPLICA IDENTITY FULL`
+
+// Items 1-12; the even ones are in category 1.
+const searchSeed = `INSERT INTO items SELECT g, 1 + g % 2, 'item ' || g, 10 * g FROM generate_series(1, 12) g`
+
+// searchPage is a search page: category 1's first three items (2, 4, 6).
+const searchPage = "SELECT id, name, price FROM items WHERE category = $1 ORDER BY id LIMIT 3"
+
+// A search page is split by rows: a change to an item of its category that
+// it does not show leaves it valid (no staleness miss; with the split off,
+// the same change ends it), a change to an item it shows ends it, and so
+// does a change of which items it holds. Through database/sql, on a
+// *sql.Conn whose writes the next read-only transaction must see.
+func TestRowSplitThroughDatabaseSQL(t *testing.T) {
+	s := startStackWith(t, searchDDL, searchSeed, searchPage, "SELECT name FROM items WHERE id = $1")
+	s.client(t, 0) // waits for pins
+	for _, split := range []bool{true, false} {
+		t.Run(fmt.Sprintf("split=%v", split), func(t *testing.T) {
+			ctx := context.Background()
+			dsn := s.dsn(fmt.Sprintf("larder.split-rows=%v", split))
+			db := openDB(t, DriverName, dsn)
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			type item struct {
+				id, price int
+				name      string
+			}
+			read := func() []item {
+				t.Helper()
+				tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Commit()
+				rows, err := tx.QueryContext(ctx, searchPage, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer rows.Close()
+				var out []item
+				for rows.Next() {
+					var it item
+					if err := rows.Scan(&it.id, &it.name, &it.price); err != nil {
+						t.Fatal(err)
+					}
+					out = append(out, it)
+				}
+				if err := rows.Err(); err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			d := registered.(*Driver)
+			expect := func(what string, want ...item) {
+				t.Helper()
+				if got := read(); !slices.Equal(got, want) {
+					t.Fatalf("%s: page %v, want %v", what, got, want)
+				}
+			}
+			write := func(sql string) {
+				t.Helper()
+				if _, err := conn.ExecContext(ctx, sql); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// From the seed again (the other subtest changed the items),
+			// written in the session.
+			write("DELETE FROM items")
+			write(searchSeed)
+			page := []item{{2, 20, "item 2"}, {4, 40, "item 4"}, {6, 60, "item 6"}}
+			expect("first read", page...)
+			d.mu.Lock()
+			cl := d.clients[dsn]
+			d.mu.Unlock()
+			if cl == nil {
+				t.Fatal("no client behind the DSN")
+			}
+			// untilHit reads until the node answers, checking each page;
+			// it returns the staleness misses meanwhile.
+			untilHit := func(what string, want ...item) int64 {
+				t.Helper()
+				cl.puts.Wait()
+				stale, hits := cl.stats.NodeMisses[store.MissStaleness].Load(), cl.stats.NodeHits.Load()
+				for deadline := time.Now().Add(30 * time.Second); cl.stats.NodeHits.Load() == hits; cl.puts.Wait() {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: no node hit in 30 s", what)
+					}
+					expect(what, want...)
+				}
+				return cl.stats.NodeMisses[store.MissStaleness].Load() - stale
+			}
+			untilHit("cached", page...)
+
+			// An item of the category the page does not show.
+			write("UPDATE items SET price = price + 1 WHERE id = 10")
+			stale := untilHit("after a change to an item the page does not show", page...)
+			switch {
+			case split && stale != 0:
+				t.Errorf("split: %d staleness misses after a change to an item the page does not show, want 0", stale)
+			case !split && stale == 0:
+				t.Errorf("whole: no staleness miss after a change to an item of the page's category: the test cannot tell split from whole")
+			}
+			if split {
+				if got := testutil.ToFloat64(cl.m.rowSplits.WithLabelValues("split")); got == 0 {
+					t.Error("no result counted as split")
+				}
+			} else if got := testutil.ToFloat64(cl.m.rowSplits.WithLabelValues("split")); got != 0 {
+				t.Errorf("%v results split with larder.split-rows=false", got)
+			}
+
+			// An item the page shows: its new price, at once.
+			write("UPDATE items SET price = 41 WHERE id = 4")
+			page[1].price = 41
+			expect("after a change to an item the page shows", page...)
+			untilHit("after a change to an item the page shows", page...)
+
+			// Which items it holds: one leaves the category, one enters it.
+			write("UPDATE items SET category = 2 WHERE id = 2")
+			page = []item{{4, 41, "item 4"}, {6, 60, "item 6"}, {8, 80, "item 8"}}
+			expect("after item 2 left the category", page...)
+			untilHit("after item 2 left the category", page...)
+			write("INSERT INTO items VALUES (0, 1, 'item 0', 5)")
+			page = []item{{0, 5, "item 0"}, {4, 41, "item 4"}, {6, 60, "item 6"}}
+			expect("after item 0 entered the category", page...)
+			untilHit("after item 0 entered the category", page...)
+			write("UPDATE items SET name = 'renamed' WHERE id = 6")
+			page[2].name = "renamed"
+			expect("after a rename of an item the page shows", page...)
+		})
+	}
+}

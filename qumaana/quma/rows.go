@@ -1,0 +1,223 @@
+package quma
+
+import (
+	"slices"
+	"sort"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
+)
+
+// RowSplit narrows a query's dependency on one table to the rows of its
+// result. A query such as
+//
+//	SELECT id, name, max_bid FROM items WHERE category = $1 ORDER BY end_date LIMIT 20
+//
+// depends on two things of items: which rows it holds and in what order,
+// decided by the membership columns (category, end_date, and the key id),
+// and what it shows of each row it holds (name, max_bid), which changes
+// only when one of those rows changes. Keyed on items(category) reading
+// every column, every bid on any item of the category would invalidate
+// it. Split, its category tag reads only the membership columns, and each
+// row it holds adds a tag items(id)=… reading the display columns: a bid
+// on an item it does not show leaves it valid.
+//
+// The split is sound because a change that leaves a row's membership
+// columns alone cannot make it enter or leave the result nor move it (an
+// INSERT, a DELETE or an UPDATE of a membership column hits the group
+// tag), and a change to a display column of a row the result holds hits
+// that row's tag. Ties in the ordering are broken arbitrarily by
+// PostgreSQL, at any snapshot, so the result stays one of the answers
+// PostgreSQL may give.
+//
+// A query splits only in its simplest form, where every output column is a
+// plain column of one table: one SELECT over tables each named once,
+// joined by inner joins (ON or WHERE), with no subquery, grouping,
+// aggregate, DISTINCT, window, set operation, locking or output column
+// named by ORDER BY position or alias; the table's primary key is a
+// single integer column among the outputs, and a tag column set of its
+// own (Dep.Rows is set in buildDeps only then).
+type RowSplit struct {
+	// Output is the result column that holds KeyColumn.
+	Output int
+	// KeyColumn is the table's primary key, an integer column.
+	KeyColumn string
+	// KeyType is its type (int2, int4 or int8).
+	KeyType string
+	// Membership are the columns that decide which rows the result holds
+	// and their order, with the key; Display the columns it only shows.
+	// Both sorted; together they are the dependency's Reads.
+	Membership []string
+	Display    []string
+}
+
+// splitRows sets the RowSplit of each table of st (the statement's top
+// SELECT, whose scope is sc) that can be split.
+func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
+	if st.GetWithClause() != nil || len(st.GetGroupClause()) > 0 || st.GetHavingClause() != nil ||
+		len(st.GetDistinctClause()) > 0 || len(st.GetWindowClause()) > 0 || len(st.GetLockingClause()) > 0 ||
+		len(st.GetValuesLists()) > 0 || st.GetIntoClause() != nil || st.GetGroupDistinct() {
+		return
+	}
+	if sc.anyOpaq || len(sc.opaque) > 0 || len(a.refs) != len(sc.rels) || len(sc.rels) == 0 {
+		return // a subquery, a view, a function or a join alias
+	}
+	names := map[string]bool{}
+	for _, r := range sc.rels {
+		if r.table == nil || r.all || r.nullable || names[r.name] {
+			return
+		}
+		names[r.name] = true
+	}
+	nested := false
+	walk(st, func(m proto.Message) bool {
+		switch x := m.(type) {
+		case *pg.SubLink:
+			nested = true
+		case *pg.SelectStmt:
+			nested = nested || x != st
+		}
+		return !nested
+	})
+	if nested {
+		return
+	}
+	var quals []*pg.Node // join conditions
+	var innerOnly func(n *pg.Node) bool
+	innerOnly = func(n *pg.Node) bool {
+		switch {
+		case n.GetRangeVar() != nil:
+			return true
+		case n.GetJoinExpr() != nil:
+			j := n.GetJoinExpr()
+			if j.GetJointype() != pg.JoinType_JOIN_INNER || j.GetIsNatural() || len(j.GetUsingClause()) > 0 || j.GetAlias() != nil {
+				return false
+			}
+			quals = append(quals, j.GetQuals())
+			return innerOnly(j.GetLarg()) && innerOnly(j.GetRarg())
+		}
+		return false
+	}
+	for _, f := range st.GetFromClause() {
+		if !innerOnly(f) {
+			return
+		}
+	}
+	// The outputs: each a plain column of one table.
+	type output struct {
+		rel *relRef
+		col string
+	}
+	var outputs []output
+	aliases := map[string]bool{}
+	for _, t := range st.GetTargetList() {
+		rt := t.GetResTarget()
+		if rt == nil {
+			return
+		}
+		if rt.GetName() != "" {
+			aliases[rt.GetName()] = true
+		}
+		cr := rt.GetVal().GetColumnRef()
+		if cr == nil {
+			return
+		}
+		r, col := a.outputColumn(cr, sc)
+		if r == nil {
+			return
+		}
+		outputs = append(outputs, output{r, col})
+	}
+	// Membership: every column the rest of the statement mentions.
+	member := map[*relRef]map[string]bool{}
+	for _, r := range sc.rels {
+		member[r] = map[string]bool{}
+	}
+	rest := append([]*pg.Node{st.GetWhereClause(), st.GetLimitCount(), st.GetLimitOffset()}, quals...)
+	for _, s := range st.GetSortClause() {
+		n := s.GetSortBy().GetNode()
+		if c := stripCast(n); c.GetAConst() != nil {
+			return // ORDER BY 2: an output by position
+		}
+		if cr := n.GetColumnRef(); cr != nil {
+			if f := fieldNames(cr); len(f) == 1 && aliases[f[0]] {
+				return // ORDER BY an output's alias
+			}
+		}
+		rest = append(rest, n)
+	}
+	for _, n := range rest {
+		if n != nil {
+			a.columnsIn(n, sc, func(r *relRef, col string) { member[r][col] = true })
+		}
+	}
+	for _, r := range sc.rels {
+		pk := r.table.PrimaryKey
+		if len(pk) != 1 {
+			continue
+		}
+		key := r.table.Column(pk[0])
+		if key == nil || (key.Type != "int2" && key.Type != "int4" && key.Type != "int8") {
+			continue
+		}
+		keyAt := -1
+		display := map[string]bool{}
+		for i, o := range outputs {
+			if o.rel != r {
+				continue
+			}
+			if o.col == key.Name && keyAt < 0 {
+				keyAt = i
+			}
+			if o.col != key.Name && !member[r][o.col] {
+				display[o.col] = true
+			}
+		}
+		if keyAt < 0 || len(display) == 0 {
+			continue
+		}
+		s := &RowSplit{Output: keyAt, KeyColumn: key.Name, KeyType: key.Type}
+		for c := range r.reads {
+			if display[c] {
+				s.Display = append(s.Display, c)
+			} else {
+				s.Membership = append(s.Membership, c)
+			}
+		}
+		if !slices.Contains(s.Membership, key.Name) {
+			s.Membership = append(s.Membership, key.Name)
+		}
+		sort.Strings(s.Membership)
+		sort.Strings(s.Display)
+		r.split = s
+	}
+}
+
+// outputColumn resolves an output's column reference to its one table in
+// sc, or nil when it is not a plain column of exactly one.
+func (a *analysis) outputColumn(cr *pg.ColumnRef, sc *scope) (*relRef, string) {
+	f := fieldNames(cr)
+	switch len(f) {
+	case 1:
+		var found *relRef
+		for _, r := range sc.rels {
+			if r.table.Column(f[0]) != nil {
+				if found != nil {
+					return nil, "" // ambiguous: PostgreSQL refuses it
+				}
+				found = r
+			}
+		}
+		return found, f[0]
+	case 2:
+		if f[1] == "*" {
+			return nil, ""
+		}
+		for _, r := range sc.rels {
+			if r.alias == f[0] && r.table.Column(f[1]) != nil {
+				return r, f[1]
+			}
+		}
+	}
+	return nil, ""
+}

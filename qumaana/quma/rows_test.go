@@ -1,0 +1,121 @@
+package quma
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// splitText renders a template's row splits: table:output=key[membership|display].
+func splitText(t *Template) string {
+	var parts []string
+	for _, d := range t.Deps {
+		if s := d.Rows; s != nil {
+			parts = append(parts, fmt.Sprintf("%s:%d=%s[%s|%s]", d.Table, s.Output, s.KeyColumn,
+				strings.Join(s.Membership, ","), strings.Join(s.Display, ",")))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+func TestRowSplits(t *testing.T) {
+	for _, c := range []struct{ sql, want string }{
+		// The search page: the category decides the rows, price and name are shown.
+		{"SELECT id, name, price FROM items WHERE category = $1 ORDER BY end_date LIMIT 20 OFFSET $2",
+			"public.items:0=id[category,end_date,id|name,price]"},
+		// A join: users decides membership only; items' key is the second output.
+		{"SELECT items.name, items.id, items.price FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 ORDER BY items.end_date LIMIT 20",
+			"public.items:1=id[category,end_date,id,seller|name,price]"},
+		{"SELECT i.id, i.name, u.id, u.nickname FROM items i JOIN users u ON u.id = i.seller WHERE i.category = $1",
+			"public.items:0=id[category,id,seller|name] public.users:2=id[id|nickname]"},
+		// A column both shown and filtered on is membership.
+		{"SELECT id, name, price FROM items WHERE category = $1 AND price < $2", "public.items:0=id[category,id,price|name]"},
+		// Ordering by a shown column makes it membership.
+		{"SELECT id, name, price FROM items WHERE category = $1 ORDER BY price DESC LIMIT 5", "public.items:0=id[category,id,price|name]"},
+		// Keyed on the row already: nothing to split.
+		{"SELECT id, name FROM items WHERE id = $1", ""},
+		// Not split: no key among the outputs, only the key, SELECT *, an
+		// expression, an aggregate, DISTINCT, a subquery, an outer join, a
+		// position or alias in ORDER BY, a table twice, a view, a set operation.
+		{"SELECT name, price FROM items WHERE category = $1", ""},
+		{"SELECT id FROM items WHERE category = $1", ""},
+		{"SELECT * FROM items WHERE category = $1", ""},
+		{"SELECT id, price * 2 FROM items WHERE category = $1", ""},
+		{"SELECT id, count(*) FROM items WHERE category = $1 GROUP BY id", ""},
+		{"SELECT DISTINCT id, name FROM items WHERE category = $1", ""},
+		{"SELECT id, name FROM items WHERE category = $1 AND seller IN (SELECT id FROM users WHERE region = $2)", ""},
+		{"SELECT i.id, i.name FROM items i LEFT JOIN users u ON u.id = i.seller WHERE i.category = $1", ""},
+		{"SELECT id, name, price FROM items WHERE category = $1 ORDER BY 3", ""},
+		{"SELECT id, name, price AS p FROM items WHERE category = $1 ORDER BY p", ""},
+		{"SELECT a.id, a.name FROM items a, items b WHERE a.seller = b.seller AND b.id = $1", ""},
+		{"SELECT id, name FROM cheap", ""},
+		{"SELECT id, name FROM items WHERE category = 1 UNION SELECT id, name FROM items WHERE category = 2", ""},
+		{"WITH c AS (SELECT 1) SELECT id, name FROM items WHERE category = $1", ""},
+		{"SELECT id, name FROM items WHERE category = $1 FOR UPDATE", ""},
+	} {
+		tpl := prepare(t, c.sql)
+		if got := splitText(tpl); got != c.want {
+			t.Errorf("%s\n  split %q, want %q (deps %s)", c.sql, got, c.want, depText(tpl))
+		}
+	}
+}
+
+// A split needs the key's own tag column set: without it the invalidator
+// publishes no tag a row could hold.
+func TestRowSplitNeedsTheKeySet(t *testing.T) {
+	sets := map[string][][]string{"public.items": {{"category"}}}
+	tpl, err := NewAnalyzer(mustDDL(t, testSchema), sets).Prepare("SELECT id, name FROM items WHERE category = $1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := splitText(tpl); got != "" {
+		t.Errorf("split %q without a set on items(id)", got)
+	}
+}
+
+func TestSplitRowsNarrowsTags(t *testing.T) {
+	tpl := prepare(t, "SELECT id, name, price FROM items WHERE category = $1 ORDER BY end_date LIMIT 20")
+	qtags, err := tpl.Tags([]any{7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	render := func(qs []QueryTag) string {
+		var parts []string
+		for _, q := range qs {
+			parts = append(parts, q.Tag.String()+"["+strings.Join(q.Reads, ",")+"]")
+		}
+		return strings.Join(parts, " ")
+	}
+	split, ok := tpl.SplitRows(qtags, 3, func(output int) ([]int64, bool) {
+		if output != 0 {
+			t.Errorf("asked for output %d, want 0", output)
+		}
+		return []int64{4, 9, 4}, true
+	})
+	want := "public.items(category)=7[category,end_date,id] public.items(id)=4[name,price] public.items(id)=9[name,price]"
+	if !ok || render(split) != want {
+		t.Errorf("split %v %q, want %q", ok, render(split), want)
+	}
+	whole := render(qtags)
+	if whole != "public.items(category)=7[category,end_date,id,name,price]" {
+		t.Errorf("Tags changed by SplitRows: %q", whole)
+	}
+	// A NULL key, a count that is not the result's, too many rows: whole.
+	for name, keys := range map[string]func(int) ([]int64, bool){
+		"null":  func(int) ([]int64, bool) { return nil, false },
+		"count": func(int) ([]int64, bool) { return []int64{1}, true },
+	} {
+		if got, ok := tpl.SplitRows(qtags, 3, keys); ok || render(got) != whole {
+			t.Errorf("%s: split %v %q, want the tags whole", name, ok, render(got))
+		}
+	}
+	if _, ok := tpl.SplitRows(qtags, maxRowTags+1, func(int) ([]int64, bool) { return make([]int64, maxRowTags+1), true }); ok {
+		t.Error("split a result of more than maxRowTags rows")
+	}
+	// Out of the key's range: whole.
+	tpl2 := prepare(t, "SELECT id, name FROM items WHERE category = $1")
+	q2, _ := tpl2.Tags([]any{1})
+	if _, ok := tpl2.SplitRows(q2, 1, func(int) ([]int64, bool) { return []int64{1 << 40}, true }); ok {
+		t.Error("split on an int4 key of 2^40")
+	}
+}
