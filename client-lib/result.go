@@ -220,10 +220,11 @@ func (r *Rows) Close() { r.done = true }
 // Len is the number of rows.
 func (r *Rows) Len() int { return len(r.res.Rows) }
 
-// intColumn reads column i of every row as an integer (int2, int4 or
-// int8, in text or binary format); false for another type or a NULL.
-func (r *Result) intColumn(i int) ([]int64, bool) {
-	if i < 0 || i >= len(r.Fields) {
+// intColumn reads column i, which must be named name, of every row as an
+// integer (int2, int4 or int8, in text or binary format); false for
+// another name or type, or a NULL.
+func (r *Result) intColumn(i int, name string) ([]int64, bool) {
+	if i < 0 || i >= len(r.Fields) || r.Fields[i].Name != name {
 		return nil, false
 	}
 	f := r.Fields[i]

@@ -3,11 +3,14 @@ package larder
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/larderdb/larder/cache-node/store"
@@ -146,5 +149,48 @@ func TestRowSplitThroughDatabaseSQL(t *testing.T) {
 			page[2].name = "renamed"
 			expect("after a rename of an item the page shows", page...)
 		})
+	}
+}
+
+// intColumn reads a result's integer key column in either format, and
+// refuses a NULL, another type or another name.
+func TestResultIntColumn(t *testing.T) {
+	field := func(name string, oid uint32, format int16) pgconn.FieldDescription {
+		return pgconn.FieldDescription{Name: name, DataTypeOID: oid, Format: format}
+	}
+	be := func(n int64, size int) []byte {
+		b := make([]byte, 8)
+		binary.BigEndian.PutUint64(b, uint64(n))
+		return b[8-size:]
+	}
+	for _, c := range []struct {
+		name string
+		f    pgconn.FieldDescription
+		vals [][]byte
+		want []int64
+		ok   bool
+	}{
+		{"text int4", field("id", pgtype.Int4OID, pgtype.TextFormatCode), [][]byte{[]byte("7"), []byte("-3")}, []int64{7, -3}, true},
+		{"binary int2", field("id", pgtype.Int2OID, pgtype.BinaryFormatCode), [][]byte{be(-2, 2)}, []int64{-2}, true},
+		{"binary int4", field("id", pgtype.Int4OID, pgtype.BinaryFormatCode), [][]byte{be(-70000, 4)}, []int64{-70000}, true},
+		{"binary int8", field("id", pgtype.Int8OID, pgtype.BinaryFormatCode), [][]byte{be(1<<40, 8)}, []int64{1 << 40}, true},
+		{"no rows", field("id", pgtype.Int8OID, pgtype.BinaryFormatCode), nil, []int64{}, true},
+		{"NULL", field("id", pgtype.Int4OID, pgtype.TextFormatCode), [][]byte{[]byte("1"), nil}, nil, false},
+		{"another name", field("other", pgtype.Int4OID, pgtype.TextFormatCode), [][]byte{[]byte("1")}, nil, false},
+		{"text type", field("id", pgtype.TextOID, pgtype.TextFormatCode), [][]byte{[]byte("1")}, nil, false},
+		{"short binary", field("id", pgtype.Int8OID, pgtype.BinaryFormatCode), [][]byte{be(1, 4)}, nil, false},
+		{"not a number", field("id", pgtype.Int4OID, pgtype.TextFormatCode), [][]byte{[]byte("x")}, nil, false},
+	} {
+		r := &Result{Fields: []pgconn.FieldDescription{field("name", pgtype.TextOID, 0), c.f}}
+		for _, v := range c.vals {
+			r.Rows = append(r.Rows, [][]byte{[]byte("n"), v})
+		}
+		got, ok := r.intColumn(1, "id")
+		if ok != c.ok || (ok && !slices.Equal(got, c.want)) {
+			t.Errorf("%s: %v %v, want %v %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+	if _, ok := (&Result{}).intColumn(0, "id"); ok {
+		t.Error("read a column of a result without columns")
 	}
 }

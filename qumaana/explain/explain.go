@@ -96,6 +96,19 @@ type Dependency struct {
 	Proposed   [][]string `json:"proposed,omitempty"`
 	Reads      []string   `json:"reads,omitempty"`
 	AllColumns bool       `json:"all_columns,omitempty"`
+	// RowSplit, when set, narrows the dependency to a result's rows
+	// (quma.RowSplit): its tags read only the membership columns, and each
+	// row a result holds adds the tag RowTag=<its key> reading the
+	// display columns.
+	RowSplit *RowSplit `json:"row_split,omitempty"`
+}
+
+// RowSplit is how a dependency narrows to a result's rows.
+type RowSplit struct {
+	RowTag     string   `json:"row_tag"` // "public.items(id)"
+	Output     int      `json:"output"`  // the result column holding the key, from 1
+	Membership []string `json:"membership"`
+	Display    []string `json:"display"`
 }
 
 // TableReads are the columns a query reads of one table.
@@ -199,6 +212,9 @@ func Statement(sql string, o Options) (*Report, error) {
 // dependency describes one of a template's dependencies.
 func dependency(d quma.Dep, sets, proposed map[string][][]string, fromFile bool) Dependency {
 	out := Dependency{Table: d.Table, Reads: d.Reads, AllColumns: d.AllColumns}
+	if s := d.Rows; s != nil {
+		out.RowSplit = &RowSplit{RowTag: tags.ColumnSetName(d.Table, []string{s.KeyColumn}), Output: s.Output + 1, Membership: s.Membership, Display: s.Display}
+	}
 	if len(d.KeyColumns) == 0 {
 		out.TableTagReason = d.Reason
 		out.Tags = []string{d.Table}

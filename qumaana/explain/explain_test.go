@@ -167,3 +167,26 @@ func TestStatementErrors(t *testing.T) {
 		t.Errorf("no schema: %v", err)
 	}
 }
+
+// A search page splits by rows, and explain says so.
+func TestStatementRowSplit(t *testing.T) {
+	r, err := Statement("SELECT id, name, max_bid FROM items WHERE category = $1 ORDER BY end_date LIMIT 20", Options{Schema: rubisSchema(t), Solution: rubisSolution(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Dependencies) != 1 {
+		t.Fatalf("dependencies %+v", r.Dependencies)
+	}
+	s := r.Dependencies[0].RowSplit
+	if s == nil || s.RowTag != "public.items(id)" || s.Output != 1 ||
+		!slices.Equal(s.Membership, []string{"category", "end_date", "id"}) || !slices.Equal(s.Display, []string{"max_bid", "name"}) {
+		t.Fatalf("row split %+v", s)
+	}
+	var b strings.Builder
+	if err := r.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if want := "split by rows: these tags read only category, end_date, id; each row of a result adds public.items(id)=<column 1> reading max_bid, name"; !strings.Contains(b.String(), want) {
+		t.Errorf("text lacks %q:\n%s", want, b.String())
+	}
+}

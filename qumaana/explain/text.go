@@ -76,6 +76,10 @@ func (r *Report) WriteText(w io.Writer) error {
 				how = "table tag: " + d.TableTagReason
 			}
 			fmt.Fprintf(tw, "  %s\t%s\treads %s\n", strings.Join(d.Tags, " "), how, columns(d.Reads, d.AllColumns))
+			if s := d.RowSplit; s != nil {
+				fmt.Fprintf(tw, "  \t  split by rows: these tags read only %s; each row of a result adds %s=<column %d> reading %s\t\n",
+					columns(s.Membership, false), s.RowTag, s.Output, columns(s.Display, false))
+			}
 			for _, p := range d.Proposed {
 				fmt.Fprintf(tw, "  \t  the statement alone would key on (%s): add it to the QUMA file (qumaana analyze) to use it\t\n", strings.Join(p, ","))
 			}

@@ -38,8 +38,11 @@ import (
 // single integer column among the outputs, and a tag column set of its
 // own (Dep.Rows is set in buildDeps only then).
 type RowSplit struct {
-	// Output is the result column that holds KeyColumn.
-	Output int
+	// Output is the result column that holds KeyColumn, and OutputName
+	// its name (the column's, or its alias), which a client checks
+	// against the result's before it trusts the column.
+	Output     int
+	OutputName string
 	// KeyColumn is the table's primary key, an integer column.
 	KeyColumn string
 	// KeyType is its type (int2, int4 or int8).
@@ -105,8 +108,9 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 	}
 	// The outputs: each a plain column of one table.
 	type output struct {
-		rel *relRef
-		col string
+		rel  *relRef
+		col  string
+		name string
 	}
 	var outputs []output
 	aliases := map[string]bool{}
@@ -126,7 +130,11 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		if r == nil {
 			return
 		}
-		outputs = append(outputs, output{r, col})
+		name := col
+		if rt.GetName() != "" {
+			name = rt.GetName()
+		}
+		outputs = append(outputs, output{r, col, name})
 	}
 	// Membership: every column the rest of the statement mentions.
 	member := map[*relRef]map[string]bool{}
@@ -176,7 +184,7 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		if keyAt < 0 || len(display) == 0 {
 			continue
 		}
-		s := &RowSplit{Output: keyAt, KeyColumn: key.Name, KeyType: key.Type}
+		s := &RowSplit{Output: keyAt, OutputName: outputs[keyAt].name, KeyColumn: key.Name, KeyType: key.Type}
 		for c := range r.reads {
 			if display[c] {
 				s.Display = append(s.Display, c)

@@ -86,9 +86,9 @@ func TestSplitRowsNarrowsTags(t *testing.T) {
 		}
 		return strings.Join(parts, " ")
 	}
-	split, ok := tpl.SplitRows(qtags, 3, func(output int) ([]int64, bool) {
-		if output != 0 {
-			t.Errorf("asked for output %d, want 0", output)
+	split, ok := tpl.SplitRows(qtags, 3, func(output int, name string) ([]int64, bool) {
+		if output != 0 || name != "id" {
+			t.Errorf("asked for output %d named %q, want 0 named id", output, name)
 		}
 		return []int64{4, 9, 4}, true
 	})
@@ -101,21 +101,38 @@ func TestSplitRowsNarrowsTags(t *testing.T) {
 		t.Errorf("Tags changed by SplitRows: %q", whole)
 	}
 	// A NULL key, a count that is not the result's, too many rows: whole.
-	for name, keys := range map[string]func(int) ([]int64, bool){
-		"null":  func(int) ([]int64, bool) { return nil, false },
-		"count": func(int) ([]int64, bool) { return []int64{1}, true },
+	for name, keys := range map[string]func(int, string) ([]int64, bool){
+		"null":  func(int, string) ([]int64, bool) { return nil, false },
+		"count": func(int, string) ([]int64, bool) { return []int64{1}, true },
 	} {
 		if got, ok := tpl.SplitRows(qtags, 3, keys); ok || render(got) != whole {
 			t.Errorf("%s: split %v %q, want the tags whole", name, ok, render(got))
 		}
 	}
-	if _, ok := tpl.SplitRows(qtags, maxRowTags+1, func(int) ([]int64, bool) { return make([]int64, maxRowTags+1), true }); ok {
+	if _, ok := tpl.SplitRows(qtags, maxRowTags+1, func(int, string) ([]int64, bool) { return make([]int64, maxRowTags+1), true }); ok {
 		t.Error("split a result of more than maxRowTags rows")
 	}
 	// Out of the key's range: whole.
 	tpl2 := prepare(t, "SELECT id, name FROM items WHERE category = $1")
 	q2, _ := tpl2.Tags([]any{1})
-	if _, ok := tpl2.SplitRows(q2, 1, func(int) ([]int64, bool) { return []int64{1 << 40}, true }); ok {
+	if _, ok := tpl2.SplitRows(q2, 1, func(int, string) ([]int64, bool) { return []int64{1 << 40}, true }); ok {
 		t.Error("split on an int4 key of 2^40")
+	}
+}
+
+// The key's output name is its alias when it has one: a client checks the
+// result's column name against it.
+func TestRowSplitOutputName(t *testing.T) {
+	for sql, want := range map[string]string{
+		"SELECT name, id FROM items WHERE category = $1":         "id",
+		"SELECT name, id AS item FROM items WHERE category = $1": "item",
+	} {
+		tpl := prepare(t, sql)
+		if len(tpl.Deps) != 1 || tpl.Deps[0].Rows == nil {
+			t.Fatalf("%s: not split (%s)", sql, depText(tpl))
+		}
+		if s := tpl.Deps[0].Rows; s.Output != 1 || s.OutputName != want {
+			t.Errorf("%s: key at output %d named %q, want 1 named %q", sql, s.Output, s.OutputName, want)
+		}
 	}
 }
