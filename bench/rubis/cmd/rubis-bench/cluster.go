@@ -105,6 +105,9 @@ func clusterDSNs(mode, label string, env map[string]string) ([]string, error) {
 		if !registerTagSets {
 			q.Set("larder.register-tag-sets", "false")
 		}
+		if !splitRows {
+			q.Set("larder.split-rows", "false")
+		}
 		q.Set("larder.l1", strconv.Itoa(appL1))
 		q.Set("larder.node-timeout", appNodeTimeout.String())
 		if mode == "local-only" {

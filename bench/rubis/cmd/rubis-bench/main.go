@@ -134,6 +134,7 @@ func run() error {
 	loadOnly := flag.Bool("load-only", false, "load the data and stop")
 	flag.IntVar(&phpWorkers, "php-workers", phpWorkers, "PHP_CLI_SERVER_WORKERS of the PHP modes: PHP processes serving requests, each with its own database session")
 	flag.BoolVar(&sqlNow, "sql-now", false, "the application's time-dependent reads use RUBiS's original end_date >= NOW() (cached per clock bucket by Larder) instead of a $now parameter it rounds to a minute itself")
+	flag.BoolVar(&splitRows, "split-rows", true, "the clients split results by rows (larder.split-rows; false: every result's tags stay whole, so any change to an item of a search page's category ends the page)")
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	l1 := flag.String("l1", "256MiB", "the L1 of the modes with one (larder-l1, local-only, php-larder-l1): bytes, with an optional KiB, MiB or GiB suffix")
 	flag.Parse()
@@ -476,6 +477,9 @@ func openMode(mode, label string, env map[string]string) (*sql.DB, error) {
 // column sets with the invalidator (--register-tag-sets).
 var registerTagSets = true
 
+// splitRows: the larder modes' clients split results by rows (--split-rows).
+var splitRows = true
+
 // sqlNow: the application runs RUBiS's original NOW() SQL (--sql-now).
 var sqlNow bool
 
@@ -494,6 +498,9 @@ func modeDSN(mode, label string, env map[string]string) string {
 	}
 	if !registerTagSets {
 		q.Set("larder.register-tag-sets", "false")
+	}
+	if !splitRows {
+		q.Set("larder.split-rows", "false")
 	}
 	switch mode {
 	case "larder", "larder-client-ryw", "larder-functions":
