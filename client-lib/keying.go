@@ -180,36 +180,60 @@ func (c *Client) registerLater(missing map[string][][]string) {
 	c.goBackground(func() { c.register(c.ctx, ask) })
 }
 
+// Registration attempts: each waits for the invalidator's answer at most
+// registerTimeout; a failed one is tried again after registerBackoff,
+// doubled each time up to registerMaxBackoff.
+var (
+	registerTimeout    = 35 * time.Second
+	registerBackoff    = time.Second
+	registerMaxBackoff = 30 * time.Second
+)
+
 // register asks the invalidator to publish sets and, when it does, reloads
-// the keying with its answer.
+// the keying with its answer. An attempt that fails (no answer in time,
+// NATS down, the invalidator not replicating yet) is tried again, with a
+// growing pause, until one is answered or the client closes; meanwhile
+// results that would key on the sets use the table tag.
 func (c *Client) register(ctx context.Context, sets map[string][][]string) {
-	forget := func() {
-		c.regMu.Lock()
-		for table, ss := range sets {
-			for _, set := range ss {
-				delete(c.registered, invalidation.SetName(table, set))
+	pause := registerBackoff
+	for !c.registerOnce(ctx, sets) {
+		select {
+		case <-ctx.Done():
+			// Closing: asked again by the next client.
+			c.regMu.Lock()
+			for table, ss := range sets {
+				for _, set := range ss {
+					delete(c.registered, invalidation.SetName(table, set))
+				}
 			}
+			c.regMu.Unlock()
+			return
+		case <-time.After(pause):
 		}
-		c.regMu.Unlock()
+		pause = min(2*pause, registerMaxBackoff)
 	}
+}
+
+// registerOnce makes one registration attempt; false when it failed and
+// is worth trying again.
+func (c *Client) registerOnce(ctx context.Context, sets map[string][][]string) bool {
 	b, _ := json.Marshal(&invalidation.TagSetsRegistration{Sets: sets})
-	rctx, cancel := context.WithTimeout(ctx, 35*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, registerTimeout)
 	defer cancel()
 	msg, err := c.nc.RequestWithContext(rctx, invalidation.TagSetsRegisterSubject(c.cfg.Prefix), b)
 	if err != nil {
-		// Asked again at the next reload (the invalidator's restart, a
-		// schema change, NATS back).
-		forget()
+		if ctx.Err() != nil {
+			return false
+		}
 		c.m.registrations.WithLabelValues("failed").Inc()
-		c.cfg.Log.Warn("larder: registering tag column sets with the invalidator failed; results use the table tag until it succeeds", "err", err)
-		return
+		c.cfg.Log.Warn("larder: registering tag column sets with the invalidator failed; results use the table tag until it succeeds (trying again)", "err", err)
+		return false
 	}
 	var out invalidation.TagSetsRegistered
 	if err := json.Unmarshal(msg.Data, &out); err != nil || out.Error != "" {
-		forget()
 		c.m.registrations.WithLabelValues("failed").Inc()
-		c.cfg.Log.Warn("larder: the invalidator did not register the tag column sets; results use the table tag instead", "err", err, "reason", out.Error)
-		return
+		c.cfg.Log.Warn("larder: the invalidator did not register the tag column sets; results use the table tag until it does (trying again)", "err", err, "reason", out.Error)
+		return false
 	}
 	for name, why := range out.Refused {
 		c.m.registrations.WithLabelValues("refused").Inc()
@@ -225,6 +249,7 @@ func (c *Client) register(ctx context.Context, sets map[string][][]string) {
 			c.reloadKeying(ctx, "tag column sets registered", out.Reply)
 		}
 	}
+	return true
 }
 
 func countSets(m map[string][][]string) int {

@@ -2,11 +2,15 @@ package larder
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/larderdb/larder/internal/invalidation"
@@ -153,5 +157,61 @@ func TestPublishedAt(t *testing.T) {
 	}
 	if !(&keying{}).publishedAt([]quma.QueryTag{bid}, 1) {
 		t.Error("no registered sets: every set is published")
+	}
+}
+
+// A registration that fails (here the invalidator answers that it is not
+// replicating yet, as it does while it starts) is tried again, with a
+// pause, until it is answered; it used to wait for the next reload of the
+// keying, which an unchanged invalidator never caused, so results kept the
+// table tag.
+func TestTagSetRegistrationRetriedAfterAFailure(t *testing.T) {
+	defer func(b time.Duration) { registerBackoff = b }(registerBackoff)
+	registerBackoff = 50 * time.Millisecond
+	s := prepareStack(t, schemaSQL, "INSERT INTO accounts (id, balance, ver) VALUES (1, 100, 1)", readBalance, byVer)
+	// An invalidator that publishes accounts(id) only, and refuses the
+	// first two registrations as one starting up does.
+	nc, err := nats.Connect(s.nats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	reply := &invalidation.TagSetsReply{Tables: map[string][][]string{"public.accounts": {{"id"}}}}
+	if _, err := nc.Subscribe(invalidation.TagSetsSubject(s.prefix), func(m *nats.Msg) { _ = m.Respond(reply.Marshal()) }); err != nil {
+		t.Fatal(err)
+	}
+	var asked atomic.Int64
+	var askedFor atomic.Value
+	if _, err := nc.Subscribe(invalidation.TagSetsRegisterSubject(s.prefix), func(m *nats.Msg) {
+		var out invalidation.TagSetsRegistered
+		if asked.Add(1) <= 2 {
+			out.Error = "publisher: not replicating yet; ask again"
+		} else {
+			req, err := invalidation.DecodeTagSetsRegistration(m.Data)
+			if err != nil {
+				t.Error(err)
+			}
+			askedFor.Store(req.Sets)
+			out.Effective = 0x1000
+		}
+		b, _ := json.Marshal(&out)
+		_ = m.Respond(b)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c := s.openWith(t, nil, 0, false, nil)
+	for deadline := time.Now().Add(30 * time.Second); testutil.ToFloat64(c.m.registrations.WithLabelValues("registered")) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not registered 30 s after %d attempts (failed %v)", asked.Load(), testutil.ToFloat64(c.m.registrations.WithLabelValues("failed")))
+		}
+	}
+	if n, failed := asked.Load(), testutil.ToFloat64(c.m.registrations.WithLabelValues("failed")); n != 3 || failed != 2 {
+		t.Errorf("%d attempts, %v counted failed; want 3 and 2", n, failed)
+	}
+	if sets, _ := askedFor.Load().(map[string][][]string); len(sets["public.accounts"]) != 1 || !slices.Equal(sets["public.accounts"][0], []string{"ver"}) {
+		t.Errorf("registered %v, want public.accounts(ver)", sets)
 	}
 }
