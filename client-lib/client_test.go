@@ -45,6 +45,10 @@ const readBalanceVer = "SELECT balance, ver FROM accounts WHERE id = $1"
 // readRange reads accounts 1 to $1 in one result, which splits by rows.
 const readRange = "SELECT id, balance, ver FROM accounts WHERE id <= $1 ORDER BY id"
 
+// readRangeStar is readRange through a star (accounts' columns are id,
+// balance, ver).
+const readRangeStar = "SELECT * FROM accounts WHERE id <= $1 ORDER BY id"
+
 var stackSeq atomic.Int64
 
 // natsOverride, when set, is the NATS server the next stack uses;
@@ -540,7 +544,11 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 					order = order[:0]
 					n := 1 + r.Intn(accounts)
 					var rows *Rows
-					if rows, rerr = tx.Query(context.Background(), readRange, n); rerr == nil {
+					sql := readRange
+					if r.Intn(2) == 0 {
+						sql = readRangeStar
+					}
+					if rows, rerr = tx.Query(context.Background(), sql, n); rerr == nil {
 						for rows.Next() {
 							var id int
 							var row history.Row
@@ -556,7 +564,7 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 						rows.Close()
 					}
 					if rerr == nil && len(rt.Reads) != n {
-						t.Errorf("%s with $1 = %d: %d rows", readRange, n, len(rt.Reads))
+						t.Errorf("%s with $1 = %d: %d rows", sql, n, len(rt.Reads))
 					}
 				} else if r.Intn(3) == 0 {
 					// Through the cacheable functions, then maybe a row.

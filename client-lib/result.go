@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/larderdb/larder/internal/wire"
+	"github.com/larderdb/larder/qumaana/quma"
 )
 
 // resultVersion is the first byte of an encoded result.
@@ -219,6 +220,20 @@ func (r *Rows) Close() { r.done = true }
 
 // Len is the number of rows.
 func (r *Rows) Len() int { return len(r.res.Rows) }
+
+// splitKeys reads the key column of a row split (quma.RowSplit) of every
+// row, once the result's columns are named as the split expects.
+func (r *Result) splitKeys(s *quma.RowSplit) ([]int64, bool) {
+	if len(r.Fields) != len(s.Outputs) {
+		return nil, false
+	}
+	for i, f := range r.Fields {
+		if f.Name != s.Outputs[i] {
+			return nil, false
+		}
+	}
+	return r.intColumn(s.Output, s.OutputName)
+}
 
 // intColumn reads column i, which must be named name, of every row as an
 // integer (int2, int4 or int8, in text or binary format); false for

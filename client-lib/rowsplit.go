@@ -12,7 +12,7 @@ func (c *Client) splitRows(tpl *quma.Template, qtags []quma.QueryTag, res *Resul
 	if c.cfg.NoRowSplit || !tpl.SplitsRows() {
 		return qtags
 	}
-	split, ok := tpl.SplitRows(qtags, len(res.Rows), res.intColumn)
+	split, ok := tpl.SplitRows(qtags, len(res.Rows), res.splitKeys)
 	if ok && dropRowTagsForTest {
 		split = split[:len(qtags)] // the rows' tags follow qtags
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/larderdb/larder/cache-node/store"
+	"github.com/larderdb/larder/qumaana/quma"
 )
 
 const searchDDL = `CREATE TABLE items (id int PRIMARY KEY, category int NOT NULL, name text NOT NULL, price int NOT NULL);
@@ -192,5 +193,18 @@ func TestResultIntColumn(t *testing.T) {
 	}
 	if _, ok := (&Result{}).intColumn(0, "id"); ok {
 		t.Error("read a column of a result without columns")
+	}
+	// splitKeys wants the result's columns named as the split expects: a
+	// column added to a table since a star was expanded is noticed.
+	r := &Result{Fields: []pgconn.FieldDescription{field("id", pgtype.Int4OID, 0), field("name", pgtype.TextOID, 0)},
+		Rows: [][][]byte{{[]byte("5"), []byte("x")}}}
+	for _, c := range []struct {
+		outputs []string
+		ok      bool
+	}{{[]string{"id", "name"}, true}, {[]string{"id", "name", "added"}, false}, {[]string{"id"}, false}, {[]string{"id", "other"}, false}} {
+		got, ok := r.splitKeys(&quma.RowSplit{Output: 0, OutputName: "id", Outputs: c.outputs})
+		if ok != c.ok || ok && !slices.Equal(got, []int64{5}) {
+			t.Errorf("outputs %v: %v %v, want ok %v", c.outputs, got, ok, c.ok)
+		}
 	}
 }

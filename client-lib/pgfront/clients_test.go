@@ -408,3 +408,56 @@ func TestExplainLarderThroughFront(t *testing.T) {
 		t.Errorf("SHOW LARDER QUERIES in a read-only transaction: %v\n%s", err, out)
 	}
 }
+
+// TestRowSplitThroughPsql: a range of accounts read through the front with
+// psql is split by rows, so a change to an account it does not show
+// leaves it valid: a read at a fresh snapshot right after such a change
+// is answered by the cache (whole, every such change would end it, and
+// no read after one would hit).
+func TestRowSplitThroughPsql(t *testing.T) {
+	s := typesStack(t)
+	host, port, _ := net.SplitHostPort(s.front.Addr().String())
+	viaFront := fmt.Sprintf("host=%s port=%s user=postgres dbname=%s", host, port, s.db)
+	direct := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=%s", env.PG.Port(), s.db)
+	read := []string{"BEGIN READ ONLY", "SET LOCAL larder.staleness = '1ms'", "SELECT id, balance FROM accounts WHERE id <= 2 ORDER BY id", "COMMIT"}
+	want, err := psql(t, direct, nil, read[2])
+	if err != nil {
+		t.Fatalf("psql against PostgreSQL: %v\n%s", err, want)
+	}
+	st := s.front.Stats()
+	ctx := context.Background()
+	for run := 0; ; run++ {
+		// An account the range does not show changes; then a read at a
+		// snapshot taken after the change.
+		if _, err := s.conn.Exec(ctx, "UPDATE accounts SET balance = balance + 1 WHERE id = 4"); err != nil {
+			t.Fatal(err)
+		}
+		hits := st.Hits.Load()
+		got, err := psql(t, viaFront, nil, read...)
+		if err != nil {
+			t.Fatalf("psql through the front: %v\n%s", err, got)
+		}
+		if got != want {
+			t.Fatalf("psql through the front printed\n%s\nPostgreSQL's\n%s", got, want)
+		}
+		if run > 0 && st.Hits.Load() > hits {
+			t.Logf("run %d: a hit right after a change to an account the range does not show", run)
+			break
+		}
+		if run == 30 {
+			t.Fatalf("no answer from the cache in %d reads, each right after a change to an account the range does not show: the result is not split by rows", run)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// A change to an account it shows is read at once.
+	if _, err := s.conn.Exec(ctx, "UPDATE accounts SET balance = balance + 1 WHERE id = 2"); err != nil {
+		t.Fatal(err)
+	}
+	want, err = psql(t, direct, nil, read[2])
+	if err != nil {
+		t.Fatalf("psql against PostgreSQL: %v\n%s", err, want)
+	}
+	if got, err := psql(t, viaFront, nil, read...); err != nil || got != want {
+		t.Fatalf("after a change to account 2, psql through the front printed (%v)\n%s\nPostgreSQL's\n%s", err, got, want)
+	}
+}

@@ -31,18 +31,26 @@ import (
 // PostgreSQL may give.
 //
 // A query splits only in its simplest form, where every output column is a
-// plain column of one table: one SELECT over tables each named once,
-// joined by inner joins (ON or WHERE), with no subquery, grouping,
-// aggregate, DISTINCT, window, set operation, locking or output column
-// named by ORDER BY position or alias; the table's primary key is a
-// single integer column among the outputs, and a tag column set of its
-// own (Dep.Rows is set in buildDeps only then).
+// plain column of one table or a star (*, t.*): one SELECT over tables
+// each named once, joined by inner joins (ON or WHERE), with no subquery,
+// grouping, aggregate, DISTINCT, window, set operation, locking, system
+// column, whole-row reference or output column named by ORDER BY position
+// or alias; the table's primary key is a single integer column among the
+// outputs, and a tag column set of its own (Dep.Rows is set in buildDeps
+// only then). A star is expanded to the columns the analysis knows; a
+// client splits a result only when its columns are named as Outputs says,
+// so a column added since is noticed.
 type RowSplit struct {
 	// Output is the result column that holds KeyColumn, and OutputName
 	// its name (the column's, or its alias), which a client checks
 	// against the result's before it trusts the column.
 	Output     int
 	OutputName string
+	// Outputs are the names of every result column, as the statement
+	// gives them (a star expanded to the columns the analysis knows); a
+	// result whose columns are named otherwise (a column added since) is
+	// not split.
+	Outputs []string
 	// KeyColumn is the table's primary key, an integer column.
 	KeyColumn string
 	// KeyType is its type (int2, int4 or int8).
@@ -67,7 +75,7 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 	}
 	names := map[string]bool{}
 	for _, r := range sc.rels {
-		if r.table == nil || r.all || r.nullable || names[r.name] {
+		if r.table == nil || r.nullable || names[r.name] {
 			return
 		}
 		names[r.name] = true
@@ -126,6 +134,17 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		if cr == nil {
 			return
 		}
+		if stars := starRels(cr, sc); stars != nil {
+			// SELECT *, t.*: the tables' columns in order, as PostgreSQL
+			// expands them (a client checks the result's names against
+			// the expansion, so a column added since is noticed).
+			for _, r := range stars {
+				for _, c := range r.table.Columns {
+					outputs = append(outputs, output{r, c.Name, c.Name})
+				}
+			}
+			continue
+		}
 		r, col := a.outputColumn(cr, sc)
 		if r == nil {
 			return
@@ -135,6 +154,10 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 			name = rt.GetName()
 		}
 		outputs = append(outputs, output{r, col, name})
+	}
+	names2 := make([]string, len(outputs))
+	for i, o := range outputs {
+		names2[i] = o.name
 	}
 	// Membership: every column the rest of the statement mentions.
 	member := map[*relRef]map[string]bool{}
@@ -155,11 +178,18 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		rest = append(rest, n)
 	}
 	for _, n := range rest {
-		if n != nil {
-			a.columnsIn(n, sc, func(r *relRef, col string) { member[r][col] = true })
+		if n == nil {
+			continue
 		}
+		if !plainColumns(n, sc) {
+			return // a system column, a whole-row reference, a star
+		}
+		a.columnsIn(n, sc, func(r *relRef, col string) { member[r][col] = true })
 	}
 	for _, r := range sc.rels {
+		if r.all && !slices.ContainsFunc(outputs, func(o output) bool { return o.rel == r }) {
+			continue // a whole-row use elsewhere than the outputs
+		}
 		pk := r.table.PrimaryKey
 		if len(pk) != 1 {
 			continue
@@ -184,8 +214,17 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		if keyAt < 0 || len(display) == 0 {
 			continue
 		}
-		s := &RowSplit{Output: keyAt, OutputName: outputs[keyAt].name, KeyColumn: key.Name, KeyType: key.Type}
-		for c := range r.reads {
+		s := &RowSplit{Output: keyAt, OutputName: outputs[keyAt].name, Outputs: names2, KeyColumn: key.Name, KeyType: key.Type}
+		reads := r.reads
+		if r.all {
+			// Through a star: every column is read, each either shown
+			// only or deciding membership.
+			reads = map[string]bool{}
+			for _, c := range r.table.Columns {
+				reads[c.Name] = true
+			}
+		}
+		for c := range reads {
 			if display[c] {
 				s.Display = append(s.Display, c)
 			} else {
@@ -199,6 +238,46 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		sort.Strings(s.Display)
 		r.split = s
 	}
+}
+
+// plainColumns reports whether every column reference in n names a
+// column the analysis knows of one of sc's tables.
+func plainColumns(n *pg.Node, sc *scope) bool {
+	ok := true
+	walk(n, func(m proto.Message) bool {
+		cr, isRef := m.(*pg.ColumnRef)
+		if !isRef || !ok {
+			return ok
+		}
+		f := fieldNames(cr)
+		switch len(f) {
+		case 1:
+			ok = slices.ContainsFunc(sc.rels, func(r *relRef) bool { return r.table.Column(f[0]) != nil })
+		case 2:
+			ok = slices.ContainsFunc(sc.rels, func(r *relRef) bool { return r.alias == f[0] && r.table.Column(f[1]) != nil })
+		default:
+			ok = false
+		}
+		return false
+	})
+	return ok
+}
+
+// starRels returns the tables a star output (*, t.*) expands to, in
+// order, or nil when cr is not a star.
+func starRels(cr *pg.ColumnRef, sc *scope) []*relRef {
+	f := fieldNames(cr)
+	switch {
+	case len(f) == 1 && f[0] == "*":
+		return sc.rels
+	case len(f) == 2 && f[1] == "*":
+		for _, r := range sc.rels {
+			if r.alias == f[0] {
+				return []*relRef{r}
+			}
+		}
+	}
+	return nil
 }
 
 // outputColumn resolves an output's column reference to its one table in

@@ -2,6 +2,7 @@ package quma
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -39,7 +40,12 @@ func TestRowSplits(t *testing.T) {
 		// position or alias in ORDER BY, a table twice, a view, a set operation.
 		{"SELECT name, price FROM items WHERE category = $1", ""},
 		{"SELECT id FROM items WHERE category = $1", ""},
-		{"SELECT * FROM items WHERE category = $1", ""},
+		// A star: every column but those deciding membership is shown.
+		{"SELECT * FROM items WHERE category = $1 ORDER BY end_date", "public.items:0=id[category,end_date,id|code,name,price,qty,seller]"},
+		{"SELECT i.*, u.nickname FROM items i JOIN users u ON u.id = i.seller WHERE i.category = $1", "public.items:0=id[category,id,seller|code,end_date,name,price,qty]"},
+		// Not with a system column or a whole-row reference in a predicate.
+		{"SELECT id, name FROM items WHERE category = $1 AND xmin::text <> ''", ""},
+		{"SELECT i.id, i.name FROM items i WHERE i.category = $1 AND i IS NOT NULL", ""},
 		{"SELECT id, price * 2 FROM items WHERE category = $1", ""},
 		{"SELECT id, count(*) FROM items WHERE category = $1 GROUP BY id", ""},
 		{"SELECT DISTINCT id, name FROM items WHERE category = $1", ""},
@@ -86,9 +92,9 @@ func TestSplitRowsNarrowsTags(t *testing.T) {
 		}
 		return strings.Join(parts, " ")
 	}
-	split, ok := tpl.SplitRows(qtags, 3, func(output int, name string) ([]int64, bool) {
-		if output != 0 || name != "id" {
-			t.Errorf("asked for output %d named %q, want 0 named id", output, name)
+	split, ok := tpl.SplitRows(qtags, 3, func(s *RowSplit) ([]int64, bool) {
+		if s.Output != 0 || s.OutputName != "id" || !slices.Equal(s.Outputs, []string{"id", "name", "price"}) {
+			t.Errorf("asked for output %d named %q of %v, want 0 named id of [id name price]", s.Output, s.OutputName, s.Outputs)
 		}
 		return []int64{4, 9, 4}, true
 	})
@@ -101,21 +107,21 @@ func TestSplitRowsNarrowsTags(t *testing.T) {
 		t.Errorf("Tags changed by SplitRows: %q", whole)
 	}
 	// A NULL key, a count that is not the result's, too many rows: whole.
-	for name, keys := range map[string]func(int, string) ([]int64, bool){
-		"null":  func(int, string) ([]int64, bool) { return nil, false },
-		"count": func(int, string) ([]int64, bool) { return []int64{1}, true },
+	for name, keys := range map[string]func(*RowSplit) ([]int64, bool){
+		"null":  func(*RowSplit) ([]int64, bool) { return nil, false },
+		"count": func(*RowSplit) ([]int64, bool) { return []int64{1}, true },
 	} {
 		if got, ok := tpl.SplitRows(qtags, 3, keys); ok || render(got) != whole {
 			t.Errorf("%s: split %v %q, want the tags whole", name, ok, render(got))
 		}
 	}
-	if _, ok := tpl.SplitRows(qtags, maxRowTags+1, func(int, string) ([]int64, bool) { return make([]int64, maxRowTags+1), true }); ok {
+	if _, ok := tpl.SplitRows(qtags, maxRowTags+1, func(*RowSplit) ([]int64, bool) { return make([]int64, maxRowTags+1), true }); ok {
 		t.Error("split a result of more than maxRowTags rows")
 	}
 	// Out of the key's range: whole.
 	tpl2 := prepare(t, "SELECT id, name FROM items WHERE category = $1")
 	q2, _ := tpl2.Tags([]any{1})
-	if _, ok := tpl2.SplitRows(q2, 1, func(int, string) ([]int64, bool) { return []int64{1 << 40}, true }); ok {
+	if _, ok := tpl2.SplitRows(q2, 1, func(*RowSplit) ([]int64, bool) { return []int64{1 << 40}, true }); ok {
 		t.Error("split on an int4 key of 2^40")
 	}
 }

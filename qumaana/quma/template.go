@@ -146,12 +146,12 @@ func (t *Template) SplitsRows() bool {
 // SplitRows narrows qtags (Tags' answer for this template) to a result of
 // rows rows: the tags of each dependency with a RowSplit read only its
 // membership columns, and each row adds a tag on the table's key reading
-// the display columns. keys(output, name) returns the result's column
-// output, one integer per row, or false when it cannot be read (not named
-// name, not an integer, a NULL); then, or
+// the display columns. keys(s) returns the result's column s.Output, one
+// integer per row, or false when it cannot be read (the result's columns
+// are not named s.Outputs, the key is not an integer, a NULL); then, or
 // when the result has more than maxRowTags rows, qtags are returned as
 // they are. The second result reports whether they were narrowed.
-func (t *Template) SplitRows(qtags []QueryTag, rows int, keys func(output int, name string) ([]int64, bool)) ([]QueryTag, bool) {
+func (t *Template) SplitRows(qtags []QueryTag, rows int, keys func(s *RowSplit) ([]int64, bool)) ([]QueryTag, bool) {
 	if rows > maxRowTags {
 		return qtags, false
 	}
@@ -161,7 +161,7 @@ func (t *Template) SplitRows(qtags []QueryTag, rows int, keys func(output int, n
 		if d.Rows == nil {
 			continue
 		}
-		ids, ok := keys(d.Rows.Output, d.Rows.OutputName)
+		ids, ok := keys(d.Rows)
 		if !ok || len(ids) != rows {
 			return qtags, false
 		}
