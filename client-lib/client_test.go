@@ -552,7 +552,11 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 						for rows.Next() {
 							var id int
 							var row history.Row
-							if rerr = rows.Scan(&id, &row.Balance, &row.Ver); rerr != nil {
+							dest := []any{&id, &row.Balance, &row.Ver}
+							for range len(rows.FieldDescriptions()) - len(dest) {
+								dest = append(dest, new(any)) // a column added mid-run (ddl-mid-run)
+							}
+							if rerr = rows.Scan(dest...); rerr != nil {
 								break
 							}
 							rt.Reads[id] = row
