@@ -512,6 +512,25 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 	pairOf := NewFunction("history-pair", func(ctx context.Context, tx *ROTx, ids [2]int) (map[int]history.Row, error) {
 		return rowsOf.Call(ctx, tx, ids[:])
 	})
+	// One reading a range in one result, split by rows: the function's
+	// entry holds the split tags.
+	rangeOf := NewFunction("history-range", func(ctx context.Context, tx *ROTx, n int) (map[int]history.Row, error) {
+		rows, err := tx.Query(ctx, readRange, n)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		out := map[int]history.Row{}
+		for rows.Next() {
+			var id int
+			var row history.Row
+			if err := rows.Scan(&id, &row.Balance, &row.Ver); err != nil {
+				return nil, err
+			}
+			out[id] = row
+		}
+		return out, rows.Err()
+	})
 	subsets := [][]int{{1, 2}, {2, 3, 4}, {1, 2, 3, 4}, {4, 1}}
 	for rd := 0; rd < 3; rd++ {
 		wg.Add(1)
@@ -573,10 +592,13 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 				} else if r.Intn(3) == 0 {
 					// Through the cacheable functions, then maybe a row.
 					var m map[int]history.Row
-					if r.Intn(2) == 0 {
+					switch r.Intn(3) {
+					case 0:
 						m, rerr = rowsOf.Call(context.Background(), tx, subsets[r.Intn(len(subsets))])
-					} else {
+					case 1:
 						m, rerr = pairOf.Call(context.Background(), tx, [2]int{1 + r.Intn(2), 3 + r.Intn(2)})
+					default:
+						m, rerr = rangeOf.Call(context.Background(), tx, 1+r.Intn(accounts))
 					}
 					for id, row := range m {
 						rt.Reads[id] = row

@@ -592,7 +592,22 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		t.c.m.templateRead(tpl.ID, "uncached")
 		return t.atSnapshot(ctx, sql, args, tables)
 	}
-	t.noteRead(qtags)
+	// A running cacheable function depends on what this read depends on:
+	// the result's tags split by rows once it is known (a hit's as a
+	// miss's), else, on a failure, the whole ones.
+	noted, whole := len(t.frames) == 0, qtags
+	defer func() {
+		if !noted {
+			t.noteRead(whole)
+		}
+	}()
+	noteResult := func(res *Result) {
+		if !noted {
+			noted = true
+			split, _ := t.c.splitTags(tpl, whole, res)
+			t.noteRead(split)
+		}
+	}
 	if _, ok := t.c.templateSQL.Load(tpl.ID); !ok && t.c.templateCount.Add(1) <= maxTemplates {
 		t.c.templateSQL.Store(tpl.ID, tpl.SQL)
 	}
@@ -612,6 +627,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 				t.c.stats.L1Hits.Add(1)
 				t.c.m.reads.WithLabelValues("l1").Inc()
 				t.c.m.templateRead(tpl.ID, "l1")
+				noteResult(res)
 				return res, nil
 			}
 		}
@@ -641,6 +657,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 					// A closed interval: what the node proved when it answered.
 					t.c.l1Keep(ctx, key, r.Lo, r.Hi, r.Snapshot, r.Value)
 				}
+				noteResult(res)
 				return res, nil
 			}
 		}
@@ -683,6 +700,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return nil, err
 	}
 	res := v.(*Result)
+	noteResult(res)
 	t.trace = append(t.trace, fmt.Sprintf("db@%X(now=%v,shared=%v)", t.ts, t.now, shared))
 	if shared {
 		t.c.m.collapsed.Inc()

@@ -12,16 +12,26 @@ func (c *Client) splitRows(tpl *quma.Template, qtags []quma.QueryTag, res *Resul
 	if c.cfg.NoRowSplit || !tpl.SplitsRows() {
 		return qtags
 	}
-	split, ok := tpl.SplitRows(qtags, len(res.Rows), res.splitKeys)
-	if ok && dropRowTagsForTest {
-		split = split[:len(qtags)] // the rows' tags follow qtags
-	}
+	split, ok := c.splitTags(tpl, qtags, res)
 	if ok {
 		c.m.rowSplits.WithLabelValues("split").Inc()
 	} else {
 		c.m.rowSplits.WithLabelValues("whole").Inc()
 	}
 	return split
+}
+
+// splitTags is splitRows without the count: the tags, and whether they
+// were split.
+func (c *Client) splitTags(tpl *quma.Template, qtags []quma.QueryTag, res *Result) ([]quma.QueryTag, bool) {
+	if c.cfg.NoRowSplit || !tpl.SplitsRows() {
+		return qtags, false
+	}
+	split, ok := tpl.SplitRows(qtags, len(res.Rows), res.splitKeys)
+	if ok && dropRowTagsForTest {
+		split = split[:len(qtags)] // the rows' tags follow qtags
+	}
+	return split, ok
 }
 
 // dropRowTagsForTest breaks the client on purpose (split results hold no

@@ -208,3 +208,69 @@ func TestResultIntColumn(t *testing.T) {
 		}
 	}
 }
+
+// A cacheable function reading a search page holds the page's split tags:
+// a change to an item the page does not show leaves the function's entry
+// valid, and a read right after it is answered from the cache (whole, no
+// call after such a change would hit).
+func TestFunctionHoldsSplitTags(t *testing.T) {
+	s := startStackWith(t, searchDDL, searchSeed, searchPage, "SELECT name FROM items WHERE id = $1")
+	c := s.openWith(t, []string{s.node}, 0, true, nil)
+	ctx := context.Background()
+	page := NewFunction("search-page", func(ctx context.Context, tx *ROTx, category int) ([]int, error) {
+		rows, err := tx.Query(ctx, searchPage, category)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var out []int
+		for rows.Next() {
+			var id, price int
+			var name string
+			if err := rows.Scan(&id, &name, &price); err != nil {
+				return nil, err
+			}
+			out = append(out, id, price)
+		}
+		return out, rows.Err()
+	})
+	call := func() []int {
+		t.Helper()
+		tx, err := c.BeginRO(ctx, time.Nanosecond) // a fresh snapshot: after the change
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Commit(ctx)
+		got, err := page.Call(ctx, tx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	want := []int{2, 20, 4, 40, 6, 60}
+	for run := 0; ; run++ {
+		if _, err := s.conn.Exec(ctx, "UPDATE items SET price = price + 1 WHERE id = 10"); err != nil {
+			t.Fatal(err)
+		}
+		hits := c.stats.FunctionHits.Load()
+		if got := call(); !slices.Equal(got, want) {
+			t.Fatalf("page %v, want %v", got, want)
+		}
+		c.puts.Wait()
+		if run > 0 && c.stats.FunctionHits.Load() > hits {
+			break
+		}
+		if run == 30 {
+			t.Fatalf("no function hit in %d calls, each right after a change to an item the page does not show (runs %d; calls: uncacheable %v, l1 %v, node %v)", run, c.stats.FunctionRuns.Load(),
+				testutil.ToFloat64(c.m.functionCalls.WithLabelValues("uncacheable")), testutil.ToFloat64(c.m.functionCalls.WithLabelValues("l1")), testutil.ToFloat64(c.m.functionCalls.WithLabelValues("node")))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// A change to an item it shows is read at once.
+	if _, err := s.conn.Exec(ctx, "UPDATE items SET price = 41 WHERE id = 4"); err != nil {
+		t.Fatal(err)
+	}
+	if got := call(); !slices.Equal(got, []int{2, 20, 4, 41, 6, 60}) {
+		t.Fatalf("after a change to item 4: page %v", got)
+	}
+}
