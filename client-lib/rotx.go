@@ -17,6 +17,7 @@ import (
 	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/qumaana/quma"
 )
 
 // ErrRetry is returned (errors.Is) when a read-only transaction cannot
@@ -601,11 +602,16 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 			t.noteRead(whole)
 		}
 	}()
-	noteResult := func(res *Result) {
+	noteTags := func(tags []quma.QueryTag) {
 		if !noted {
 			noted = true
+			t.noteRead(tags)
+		}
+	}
+	noteResult := func(res *Result) {
+		if !noted {
 			split, _ := t.c.splitTags(tpl, whole, res)
-			t.noteRead(split)
+			noteTags(split)
 		}
 	}
 	if _, ok := t.c.templateSQL.Load(tpl.ID); !ok && t.c.templateCount.Add(1) <= maxTemplates {
@@ -700,16 +706,17 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return nil, err
 	}
 	res := v.(*Result)
-	noteResult(res)
 	t.trace = append(t.trace, fmt.Sprintf("db@%X(now=%v,shared=%v)", t.ts, t.now, shared))
 	if shared {
 		t.c.m.collapsed.Inc()
 	}
 	if node == nil && t.c.l1 == nil {
+		noteResult(res)
 		return res, nil
 	}
 	value := res.encode(nil)
-	qtags = t.c.splitRows(tpl, qtags, res)
+	qtags = t.c.splitRows(tpl, qtags, res) // split once: for the put and for a running function
+	noteTags(qtags)
 	if !k.publishedAt(qtags, t.ts) {
 		// Keyed on a set registered after this snapshot: changes between
 		// the two were not published under it. The L1 holds it at t.ts

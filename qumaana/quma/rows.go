@@ -155,9 +155,9 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		}
 		outputs = append(outputs, output{r, col, name})
 	}
-	names2 := make([]string, len(outputs))
+	outputNames := make([]string, len(outputs))
 	for i, o := range outputs {
-		names2[i] = o.name
+		outputNames[i] = o.name
 	}
 	// Membership: every column the rest of the statement mentions.
 	member := map[*relRef]map[string]bool{}
@@ -187,9 +187,6 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		a.columnsIn(n, sc, func(r *relRef, col string) { member[r][col] = true })
 	}
 	for _, r := range sc.rels {
-		if r.all && !slices.ContainsFunc(outputs, func(o output) bool { return o.rel == r }) {
-			continue // a whole-row use elsewhere than the outputs
-		}
 		pk := r.table.PrimaryKey
 		if len(pk) != 1 {
 			continue
@@ -214,11 +211,12 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		if keyAt < 0 || len(display) == 0 {
 			continue
 		}
-		s := &RowSplit{Output: keyAt, OutputName: outputs[keyAt].name, Outputs: names2, KeyColumn: key.Name, KeyType: key.Type}
+		s := &RowSplit{Output: keyAt, OutputName: outputs[keyAt].name, Outputs: outputNames, KeyColumn: key.Name, KeyType: key.Type}
 		reads := r.reads
 		if r.all {
-			// Through a star: every column is read, each either shown
-			// only or deciding membership.
+			// Through a star (the only whole-table read that gets here:
+			// plainColumns refused the others): every column is read,
+			// each either shown only or deciding membership.
 			reads = map[string]bool{}
 			for _, c := range r.table.Columns {
 				reads[c.Name] = true
