@@ -24,6 +24,7 @@ func TestDSNMistakes(t *testing.T) {
 		"larder.l1=-5":                                         "larder.l1",
 		"larder.staleness=1000h":                               "more than 24h",
 		"larder.register-tag-sets=perhaps":                     "want true or false",
+		"larder.split-rows=perhaps":                            "want true or false",
 		"larder.staleness=-1s":                                 "positive duration",
 		"larder.node-cert=c.pem&larder.node-key=k":             "need larder.node-ca",
 		"larder.node-ca=" + filepath.Join(dir, "missing.pem"):  "cache-node TLS",
@@ -43,6 +44,12 @@ func TestDSNMistakes(t *testing.T) {
 	}
 	if cfg, err := ParseDSN(base + "&larder.register-tag-sets=false"); err != nil || !cfg.NoRegisterTagSets {
 		t.Errorf("larder.register-tag-sets=false: %+v, %v", cfg.NoRegisterTagSets, err)
+	}
+	if cfg.NoRowSplit {
+		t.Error("the row split is off by default")
+	}
+	if cfg, err := ParseDSN(base + "&larder.split-rows=false"); err != nil || !cfg.NoRowSplit {
+		t.Errorf("larder.split-rows=false: %+v, %v", cfg.NoRowSplit, err)
 	}
 	if _, err := ParseDSN(base + "&larder.node-timeout=0s"); err == nil || !strings.Contains(err.Error(), "larder.node-timeout") {
 		t.Fatalf("larder.node-timeout=0s: %v", err)
