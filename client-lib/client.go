@@ -149,12 +149,15 @@ type Config struct {
 
 // Client is a connection to PostgreSQL through Larder.
 type Client struct {
-	cfg   Config
-	pool  *pgxpool.Pool
-	held  heldConns // the pool's connections acquired now
-	nc    *nats.Conn
-	pins  *pinTracker
-	nodes []*nodeClient
+	cfg  Config
+	pool *pgxpool.Pool
+	held heldConns // the pool's connections acquired now
+	nc   *nats.Conn
+	pins *pinTracker
+	// stalenessUsed is the largest staleness limit (nanoseconds) of the
+	// read-only transactions begun since the last staleness demand.
+	stalenessUsed atomic.Int64
+	nodes         []*nodeClient
 	// keying is the live schema and the invalidator's coverage; epoch
 	// counts its reloads (sessions read their scope again after one).
 	keying atomic.Pointer[keying]
@@ -467,7 +470,7 @@ func (c *Client) followSchema() {
 	defer func() { _ = sub.Unsubscribe() }()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	lastCheck := time.Now()
+	lastCheck, lastDemand := time.Now(), time.Time{}
 	for {
 		select {
 		case <-c.stop:
@@ -478,6 +481,8 @@ func (c *Client) followSchema() {
 			}
 			c.refreshKeying(c.ctx, "schema change")
 		case <-c.wake:
+			c.announceStaleness()
+			lastDemand = time.Now()
 			c.pins.askList(c.ctx, c.nc, c.cfg.Prefix, 2*time.Second)
 			c.recheckTagSets(c.ctx, "NATS connected")
 			lastCheck = time.Now()
@@ -485,11 +490,42 @@ func (c *Client) followSchema() {
 			c.recheckTagSets(c.ctx, "pins resumed")
 			lastCheck = time.Now()
 		case <-tick.C:
+			if time.Since(lastDemand) >= invalidation.PinDemandInterval {
+				c.announceStaleness()
+				lastDemand = time.Now()
+			}
 			if c.keying.Load().covered == nil || time.Since(lastCheck) >= tagSetsRecheck {
 				c.recheckTagSets(c.ctx, "coverage check")
 				lastCheck = time.Now()
 			}
 		}
+	}
+}
+
+// noteStaleness records the staleness limit of a read-only transaction
+// for the next staleness demand.
+func (c *Client) noteStaleness(d time.Duration) {
+	for {
+		used := c.stalenessUsed.Load()
+		if int64(d) <= used || c.stalenessUsed.CompareAndSwap(used, int64(d)) {
+			return
+		}
+	}
+}
+
+// announceStaleness tells the pincushion how long pins are of use to this
+// client: the largest staleness limit its read-only transactions used
+// since the last announcement, or its default limit when none began. The
+// pincushion keeps pins no longer than the largest limit announced, so
+// that they hold PostgreSQL's cleanup of old row versions back no further
+// than a transaction can read.
+func (c *Client) announceStaleness() {
+	d := time.Duration(c.stalenessUsed.Swap(0))
+	if d <= 0 {
+		d = c.cfg.Staleness
+	}
+	if err := c.nc.Publish(invalidation.PinHorizonSubject(c.cfg.Prefix), invalidation.EncodeStalenessDemand(d)); err != nil {
+		c.cfg.Log.Debug("larder: announce the staleness demand", "err", err)
 	}
 }
 

@@ -92,6 +92,7 @@ func (c *Client) beginRO(ctx context.Context, staleness time.Duration, session *
 	if staleness <= 0 {
 		staleness = c.cfg.Staleness
 	}
+	c.noteStaleness(staleness)
 	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), session: session, scope: scope, begun: time.Now()}
 	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN(ctx))
 	if len(t.cands) == 0 {

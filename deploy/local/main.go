@@ -43,6 +43,7 @@ func main() {
 	fs.IntVar(&cfg.FrontPort, "front-port", cfg.FrontPort, "port of the PostgreSQL wire front on 127.0.0.1 (LARDER_PROXY_URL: psql and any driver read through Larder inside BEGIN READ ONLY; 0: any free port; -1: no front)")
 	fs.StringVar(&cfg.FrontMetrics, "front-metrics", cfg.FrontMetrics, `address of the front's /metrics ("" for none)`)
 	fs.BoolVar(&cfg.FixReplicaIdentity, "fix-replica-identity", cfg.FixReplicaIdentity, "let the invalidator run the ALTER TABLE … REPLICA IDENTITY FULL statements its checks ask for (default: it waits for them, PostgreSQL staying up)")
+	fs.DurationVar(&cfg.PinMaxAge, "max-staleness", 0, "how long the invalidator's pincushion keeps a pin (its --max-staleness; 0: its default, 60s)")
 	nodeMemory := fs.String("cache-node-memory", "256MiB", "each cache-node's byte budget (e.g. 16MiB: the cache-size sweep of bench/rubis)")
 	pgSettings := fs.String("pg-settings", "", "extra PostgreSQL settings, name=value,… (e.g. shared_preload_libraries=pg_stat_statements)")
 	_ = fs.Parse(os.Args[2:])

@@ -72,6 +72,9 @@ type Config struct {
 	// identity lacks its tag columns keeps the invalidator waiting (and
 	// retrying every few seconds), with PostgreSQL up for the fix.
 	FixReplicaIdentity bool
+	// PinMaxAge is how long the pincushion keeps a pin (the invalidator's
+	// --max-staleness; 0: its default).
+	PinMaxAge time.Duration
 	// CacheNodeMetrics is the address of the cache-node's /metrics
 	// ("127.0.0.1:0" picks a free port, "" serves none).
 	CacheNodeMetrics string
@@ -231,6 +234,9 @@ func (s *Stack) startInvalidator(cfg Config) error {
 	}
 	o.QUMA = cfg.InvalidatorQUMA
 	o.FixIdentity = cfg.FixReplicaIdentity
+	if cfg.PinMaxAge > 0 {
+		o.MaxStaleness = cfg.PinMaxAge
+	}
 	log, err := s.logger(cfg, "invalidator.log")
 	if err != nil {
 		return err

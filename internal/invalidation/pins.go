@@ -9,6 +9,8 @@ package invalidation
 //	                  newer one at the same LSN), published once (payload: pin)
 //	p.pins.list       request with any payload; reply: pin list of the pins held now
 //	p.pins.verify     request: verify request; reply: verify reply
+//	p.pins.horizon    from each client every few seconds (payload: staleness
+//	                  demand, no reply): the largest staleness limit it used
 //
 // Every message starts with two bytes: the pin format version (1 or 2)
 // and the kind. Integers are unsigned LEB128 varints ("uvarint") unless
@@ -23,6 +25,8 @@ package invalidation
 //	                          uvarint insert LSN (non-zero)
 //	kind 0x13 verify reply    byte ok (0 or 1), uvarint timestamp (0 unless ok),
 //	                          string reason (empty if ok, <= 1024 bytes)
+//	kind 0x14 staleness demand uvarint staleness limit in milliseconds
+//	                          (1..PinMaxDemandMillis)
 //
 //	pin-body                  uvarint LSN, time taken-at, time expires-at,
 //	                          string snapshot id (1..64 bytes of [0-9A-Za-z_-]),
@@ -65,6 +69,7 @@ const (
 	pinKindList          = 0x11
 	pinKindVerifyRequest = 0x12
 	pinKindVerifyReply   = 0x13
+	pinKindDemand        = 0x14
 )
 
 // Limits of the pin format.
@@ -73,6 +78,8 @@ const (
 	PinMaxList       = 4096
 	PinMaxReason     = 1024
 	PinMaxMessage    = 1 << 20
+	// PinMaxDemandMillis bounds a staleness demand: one day.
+	PinMaxDemandMillis = 24 * 3600 * 1000
 )
 
 // Pin is a pinned snapshot: a client imports it with
@@ -130,6 +137,17 @@ func PinListSubject(prefix string) string { return prefix + ".pins.list" }
 
 // PinVerifySubject is the subject to request a snapshot's verification on.
 func PinVerifySubject(prefix string) string { return prefix + ".pins.verify" }
+
+// PinDemandInterval is how often a client announces its staleness demand
+// on PinHorizonSubject.
+const PinDemandInterval = 5 * time.Second
+
+// PinHorizonSubject is the subject clients announce their staleness
+// demand on: the pincushion keeps pins no longer than the largest limit
+// announced recently (a pin older than every client's limit is of use to
+// no transaction, and holds back PostgreSQL's cleanup of old row
+// versions).
+func PinHorizonSubject(prefix string) string { return prefix + ".pins.horizon" }
 
 // PinValidSnapshotID reports whether id can be a pin's snapshot id (what
 // pg_export_snapshot returns, e.g. "00000003-0000001B-1"). The check also
@@ -203,6 +221,31 @@ func EncodePinVerifyReply(r PinVerifyReply) []byte {
 	}
 	b = binary.AppendUvarint(b, r.TS)
 	return pinAppendString(b, r.Reason)
+}
+
+// EncodeStalenessDemand encodes a client's staleness demand: the largest
+// staleness limit its read-only transactions used lately, in whole
+// milliseconds rounded up, between 1 ms and PinMaxDemandMillis.
+func EncodeStalenessDemand(d time.Duration) []byte {
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	ms = min(max(ms, 1), PinMaxDemandMillis)
+	return binary.AppendUvarint(pinHeader(pinVersionVerify, pinKindDemand), uint64(ms))
+}
+
+// DecodeStalenessDemand decodes a staleness demand.
+func DecodeStalenessDemand(b []byte) (time.Duration, error) {
+	r, err := pinOpen(b, pinKindDemand, "staleness demand")
+	if err != nil {
+		return 0, err
+	}
+	ms := r.uvarint("staleness")
+	if r.err == nil && (ms == 0 || ms > PinMaxDemandMillis) {
+		r.fail("staleness of %d ms, want 1 to %d", ms, PinMaxDemandMillis)
+	}
+	if err := r.finish(); err != nil {
+		return 0, err
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // DecodePin decodes a pin announcement.

@@ -237,6 +237,38 @@ func TestPinDecodeRejects(t *testing.T) {
 	}
 }
 
+// TestStalenessDemand: a client's staleness demand is whole milliseconds,
+// rounded up, within 1 ms and a day; anything else is refused.
+func TestStalenessDemand(t *testing.T) {
+	for _, c := range []struct{ in, want time.Duration }{
+		{30 * time.Second, 30 * time.Second},
+		{1500 * time.Microsecond, 2 * time.Millisecond},
+		{0, time.Millisecond},
+		{-time.Second, time.Millisecond},
+		{48 * time.Hour, 24 * time.Hour},
+	} {
+		got, err := DecodeStalenessDemand(EncodeStalenessDemand(c.in))
+		if err != nil || got != c.want {
+			t.Errorf("demand %s: decoded %s, %v; want %s", c.in, got, err, c.want)
+		}
+	}
+	for name, b := range map[string][]byte{
+		"zero":      {1, pinKindDemand, 0},
+		"over":      binary.AppendUvarint([]byte{1, pinKindDemand}, PinMaxDemandMillis+1),
+		"trailing":  append(EncodeStalenessDemand(time.Second), 0),
+		"truncated": {1, pinKindDemand},
+		"a pin":     EncodePin(samplePins()[0]),
+		"version 9": {9, pinKindDemand, 1},
+	} {
+		if _, err := DecodeStalenessDemand(b); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+	if got := PinHorizonSubject("larder"); got != "larder.pins.horizon" {
+		t.Errorf("subject %q", got)
+	}
+}
+
 func decPin(b []byte) error   { _, err := DecodePin(b); return err }
 func decList(b []byte) error  { _, err := DecodePinList(b); return err }
 func decReq(b []byte) error   { _, err := DecodePinVerifyRequest(b); return err }
@@ -254,7 +286,14 @@ func FuzzPinDecode(f *testing.F) {
 	f.Add([]byte{PinVersion, pinKindList, 0x80})
 	f.Add(pinV1Body([]byte{1, pinKindPin}, samplePins()[0]))
 	f.Add(append(binary.AppendUvarint([]byte{1, pinKindList}, 1), pinV1Body(nil, samplePins()[1])...))
+	f.Add(EncodeStalenessDemand(30 * time.Second))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if d, err := DecodeStalenessDemand(b); err == nil {
+			again, err := DecodeStalenessDemand(EncodeStalenessDemand(d))
+			if err != nil || again != d {
+				t.Fatalf("staleness demand %s: re-decoded %s, %v", d, again, err)
+			}
+		}
 		if p, err := DecodePin(b); err == nil {
 			again, err := DecodePin(EncodePin(p))
 			if err != nil || !pinsEqual(again, p) {

@@ -33,9 +33,10 @@ type Permissions struct {
 	AllowResponses                bool
 }
 
-// requests are the subjects only the invalidator answers.
+// requests are the subjects clients publish to and only the invalidator
+// reads: requests it answers, and the clients' staleness demands.
 func requests(prefix string) []string {
-	return []string{PinVerifySubject(prefix), PinListSubject(prefix), TagSetsSubject(prefix), TagSetsRegisterSubject(prefix)}
+	return []string{PinVerifySubject(prefix), PinListSubject(prefix), TagSetsSubject(prefix), TagSetsRegisterSubject(prefix), PinHorizonSubject(prefix)}
 }
 
 // streamReads are the JetStream API subjects that read the invalidation

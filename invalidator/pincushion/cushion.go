@@ -55,7 +55,10 @@ type Config struct {
 	// so that the session's next transactions find one. Negative: only
 	// every Interval.
 	DemandGap time.Duration
-	// MaxStaleness is how long a pin is kept after it was taken.
+	// MaxStaleness is how long a pin is kept after it was taken at most.
+	// Clients announce the staleness limits they use (PinHorizonSubject):
+	// while any did within DemandWindow, pins are kept only as long as
+	// the largest of them (plus a second) can use them.
 	MaxStaleness time.Duration
 	// Budget is the number of pins (each an open connection) held at
 	// most; one more connection is open while a candidate is checked,
@@ -114,6 +117,9 @@ type Cushion struct {
 	idle []*pgx.Conn
 
 	demand chan struct{} // a verify request asks for a pin soon
+	// horizon: the clients' staleness demands, which bound how long pins
+	// are kept.
+	horizon horizon
 }
 
 type heldPin struct {
@@ -130,6 +136,9 @@ type metrics struct {
 	released  prometheus.Counter
 	verify    *prometheus.CounterVec
 	conns     *prometheus.CounterVec
+	keep      prometheus.Gauge
+	oldest    prometheus.Gauge
+	demands   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
@@ -155,11 +164,20 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "larder_pincushion_connections_total", Help: "Connections candidates were taken on, by origin (opened: a new PostgreSQL backend; reused: a released pin's).",
 		}, []string{"origin"}),
+		keep: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "larder_pincushion_pin_keep_seconds", Help: "How long pins are kept now: the largest staleness limit clients announced lately, plus a second, at most --max-staleness (which applies while no client announces one).",
+		}),
+		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "larder_pincushion_oldest_pin_age_seconds", Help: "Age of the oldest pin held: how far back pins hold PostgreSQL's cleanup of old row versions (0: none held).",
+		}),
+		demands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "larder_pincushion_staleness_demands_total", Help: "Staleness demands clients announced, by result (ok, bad: not decodable).",
+		}, []string{"result"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.demanded, m.released, m.verify, m.conns} {
+	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.demanded, m.released, m.verify, m.conns, m.keep, m.oldest, m.demands} {
 		if err := reg.Register(c); err != nil {
 			return metrics{}, fmt.Errorf("pincushion: register metrics: %w", err)
 		}
@@ -371,6 +389,20 @@ func (c *Cushion) subscribe(ctx context.Context, nc *nats.Conn, verifies *verify
 		return subs, fmt.Errorf("pincushion: subscribe: %w", err)
 	}
 	subs = append(subs, verify)
+	demands, err := nc.Subscribe(invalidation.PinHorizonSubject(c.cfg.SubjectPrefix), func(m *nats.Msg) {
+		d, err := invalidation.DecodeStalenessDemand(m.Data)
+		if err != nil {
+			c.m.demands.WithLabelValues("bad").Inc()
+			c.logger.Debug("pincushion: bad staleness demand", "err", err)
+			return
+		}
+		c.m.demands.WithLabelValues("ok").Inc()
+		c.horizon.note(time.Now(), d)
+	})
+	if err != nil {
+		return subs, fmt.Errorf("pincushion: subscribe: %w", err)
+	}
+	subs = append(subs, demands)
 	if err := nc.Flush(); err != nil {
 		return subs, fmt.Errorf("pincushion: subscribe: %w", err)
 	}
@@ -510,9 +542,11 @@ func (c *Cushion) prune(now time.Time, h *heldPin) []*heldPin {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []*heldPin
+	keepFor := c.horizon.keep(now, c.cfg.MaxStaleness)
+	c.m.keep.Set(keepFor.Seconds())
 	keep := c.held[:0]
 	for _, p := range c.held {
-		if !now.Before(p.pin.ExpiresAt) || (h != nil && p.pin.LSN == h.pin.LSN) {
+		if !now.Before(p.pin.ExpiresAt) || now.Sub(p.pin.TakenAt) >= keepFor || (h != nil && p.pin.LSN == h.pin.LSN) {
 			out = append(out, p)
 			continue
 		}
@@ -541,6 +575,11 @@ func (c *Cushion) prune(now time.Time, h *heldPin) []*heldPin {
 		c.held = keep
 	}
 	c.m.held.Set(float64(len(c.held)))
+	if len(c.held) > 0 {
+		c.m.oldest.Set(now.Sub(c.held[0].pin.TakenAt).Seconds())
+	} else {
+		c.m.oldest.Set(0)
+	}
 	return out
 }
 
