@@ -269,6 +269,9 @@ type Stats struct {
 	// NowSnapshots counts read-only transactions that found no pin and
 	// ran at a fresh snapshot the pincushion placed.
 	NowSnapshots atomic.Int64
+	// FreshWaitNanos sums the time spent getting fresh snapshots placed
+	// (every try, placed or not; larder_client_fresh_snapshot_seconds).
+	FreshWaitNanos atomic.Int64
 	// NodeMisses counts the cache-node's misses by class (compulsory,
 	// staleness, capacity, consistency; a hit outside the transaction's
 	// candidates counts as consistency).

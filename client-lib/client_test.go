@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/larderdb/larder/cache-node/daemon"
 	"github.com/larderdb/larder/internal/history"
@@ -653,6 +655,14 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 	}
 	if st.NowSnapshots.Load() == 0 {
 		t.Error("no transaction ran at a fresh snapshot: that path went unchecked")
+	}
+	var placed dto.Metric
+	if err := c.m.freshWaits.WithLabelValues("placed").(prometheus.Metric).Write(&placed); err != nil {
+		t.Fatal(err)
+	}
+	if got := placed.GetHistogram().GetSampleCount(); got != uint64(st.NowSnapshots.Load()) || st.FreshWaitNanos.Load() <= 0 {
+		t.Errorf("larder_client_fresh_snapshot_seconds{outcome=placed} counts %d tries (%s in all), for %d transactions at fresh snapshots",
+			got, time.Duration(st.FreshWaitNanos.Load()), st.NowSnapshots.Load())
 	}
 	if st.L1Hits.Load()+st.NodeHits.Load() == 0 || transfers.Load() == 0 {
 		t.Fatal("the cache was never hit or nothing was written: the test proves nothing")

@@ -65,6 +65,8 @@ type clientMetrics struct {
 	// pinsOtherServer: pins not imported because the PostgreSQL server
 	// that exported them is not the connection's (it restarted since).
 	pinsOtherServer prometheus.Counter
+	// freshWaits: time to get a fresh snapshot placed, by outcome.
+	freshWaits *prometheus.HistogramVec
 
 	mu            sync.Mutex
 	seenReasons   map[string]bool // guarded by mu
@@ -98,8 +100,13 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		functionCalls:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_function_calls_total", Help: "Cacheable function calls, by outcome: l1 and node (hits), run (run and cached), uncacheable (run, not cached: it read something uncacheable)."}, []string{"outcome"}),
 		templateReads:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_reads_total", Help: "Reads in read-only transactions by query template (its id, the pg_query fingerprint; the first 500 templates, then \"other\") and source: l1 and node (hits), database (a miss, computed at the snapshot and cached), uncached (run at the snapshot, not cached)."}, []string{"template", "source"}),
 		pinsOtherServer:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_pins_other_server_total", Help: "Pins not imported because they were exported by another run of the PostgreSQL server than the connection's (it restarted since; snapshot ids repeat across restarts): each is dropped like a released pin and the transaction tries its next one."}),
-		seenReasons:      map[string]bool{},
-		seenTemplates:    map[string]bool{},
+		freshWaits: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "larder_client_fresh_snapshot_seconds", Help: "Time a read-only transaction that found no pin recent enough (typically its session's first read after a write) spent on each try at a fresh snapshot: BEGIN and the snapshot's read, then the pincushion's answer; by outcome: placed, or not (refused: not exact, or not answered in time).",
+			Buckets: prometheus.ExponentialBuckets(0.00025, 2, 12)}, []string{"outcome"}),
+		seenReasons:   map[string]bool{},
+		seenTemplates: map[string]bool{},
+	}
+	for _, o := range []string{"placed", "not_placed"} {
+		m.freshWaits.WithLabelValues(o)
 	}
 	for _, o := range []string{"l1", "node", "run", "uncacheable"} {
 		m.functionCalls.WithLabelValues(o)
@@ -116,7 +123,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	if reg != nil {
 		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.nodeSkips, m.collapsed, m.pipedReads, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
 			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.rowSplits, m.functionCalls, m.templateReads,
-			m.pinsOtherServer)
+			m.pinsOtherServer, m.freshWaits)
 	}
 	return m
 }

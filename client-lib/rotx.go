@@ -148,6 +148,7 @@ func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
 		return false, nil
 	}
 	// BEGIN and the snapshot's read in one round trip.
+	began := time.Now()
 	req, err := t.beginNow(ctx)
 	if err != nil {
 		return false, err
@@ -172,6 +173,7 @@ func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
 		last = true // the pincushion cannot be asked: no point trying again
 	}
 	if err != nil || !reply.OK {
+		t.noteFreshWait("not_placed", time.Since(began))
 		if !last {
 			_ = t.closeConn(ctx)
 			return false, nil
@@ -179,10 +181,17 @@ func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
 		t.fallBack(fallbackVerify)
 		return false, nil
 	}
+	t.noteFreshWait("placed", time.Since(began))
 	t.fixed, t.ts, t.now = true, reply.TS, true
 	t.cands = []invalidation.Pin{{LSN: reply.TS}}
 	t.c.stats.NowSnapshots.Add(1)
 	return true, nil
+}
+
+// noteFreshWait counts one try at a fresh snapshot that took d.
+func (t *ROTx) noteFreshWait(outcome string, d time.Duration) {
+	t.c.m.freshWaits.WithLabelValues(outcome).Observe(d.Seconds())
+	t.c.stats.FreshWaitNanos.Add(int64(d))
 }
 
 // fallBack makes the transaction run uncached on the fresh snapshot it

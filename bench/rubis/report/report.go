@@ -278,7 +278,7 @@ func (r *Report) Markdown() string {
 	}
 	fmt.Fprintf(&b, "\nEvery run, in the order they ran (node misses: compulsory / staleness / capacity / consistency; "+
 		"fresh / uncached: read-only transactions that found no pin recent enough and had the pincushion place a snapshot of their own, "+
-		"and those that ran uncached because it could not; "+
+		"and those that ran uncached because it could not (and the mean time each spent on it); "+
 		"node lookups per request, and cacheable function calls served from the cache / run (mode larder-functions); "+
 		"hit rate: Larder's reads served by an L1 or a node, or the SELECTs a pooler's query cache served (SHOW POOL_CACHE); "+
 		"CPU in cores used by this benchmark's own processes: PostgreSQL / application / invalidator+cache-node / NATS / k6):\n\n"+
@@ -291,6 +291,9 @@ func (r *Report) Markdown() string {
 		if len(x.Reads) > 0 && !x.queryCache() {
 			misses = fmt.Sprintf("%d / %d / %d / %d", x.Reads["miss-compulsory"], x.Reads["miss-staleness"], x.Reads["miss-capacity"], x.Reads["miss-consistency"])
 			fresh = fmt.Sprintf("%d / %d", x.Reads["tx-fresh-snapshot"], x.Reads["tx-fallback"])
+			if n := x.Reads["tx-fresh-snapshot"] + x.Reads["tx-fallback"]; n > 0 && x.Reads["tx-fresh-wait-us"] > 0 {
+				fresh += fmt.Sprintf(" (%.1f ms each)", float64(x.Reads["tx-fresh-wait-us"])/1000/float64(n))
+			}
 			if x.Requests > 0 {
 				lookups = fmt.Sprintf("%.2f", float64(x.Reads["node-lookups"])/float64(x.Requests))
 			}

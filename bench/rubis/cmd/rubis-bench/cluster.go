@@ -203,7 +203,7 @@ func (b *bench) clusterReads(vr variant) map[string]int64 {
 			"uncacheable":     st.Uncacheable.Load(),
 			"miss-compulsory": st.NodeMisses[store.MissCompulsory].Load(), "miss-staleness": st.NodeMisses[store.MissStaleness].Load(),
 			"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load(),
-			"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(),
+			"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(), "tx-fresh-wait-us": st.FreshWaitNanos.Load() / 1000,
 			"node-lookups": st.NodeLookups.Load(), "node-errors": st.NodeErrors.Load()}
 		for k, v := range add {
 			m[k] += v

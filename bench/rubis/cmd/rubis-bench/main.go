@@ -605,7 +605,7 @@ func readsOf(mode, label string, env map[string]string) map[string]int64 {
 		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load(),
 		"l1-miss-compulsory": st.L1Misses[store.MissCompulsory].Load(), "l1-miss-staleness": st.L1Misses[store.MissStaleness].Load(),
 		"l1-miss-capacity": st.L1Misses[store.MissCapacity].Load(), "l1-miss-consistency": st.L1Misses[store.MissConsistency].Load(),
-		"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(),
+		"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(), "tx-fresh-wait-us": st.FreshWaitNanos.Load() / 1000,
 		"node-lookups": st.NodeLookups.Load(), "function-hits": st.FunctionHits.Load(), "function-runs": st.FunctionRuns.Load()}
 }
 

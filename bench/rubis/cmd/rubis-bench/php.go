@@ -112,7 +112,7 @@ func statsOf(st *larder.Stats) map[string]int64 {
 	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load(),
 		"miss-compulsory": st.NodeMisses[store.MissCompulsory].Load(), "miss-staleness": st.NodeMisses[store.MissStaleness].Load(),
 		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load(),
-		"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(), "node-lookups": st.NodeLookups.Load()}
+		"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(), "tx-fresh-wait-us": st.FreshWaitNanos.Load() / 1000, "node-lookups": st.NodeLookups.Load()}
 }
 
 // prefixWriter passes PHP's log (failed interactions) to standard error.
