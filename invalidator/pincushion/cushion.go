@@ -271,10 +271,11 @@ func (c *Cushion) Stats() Stats {
 func (c *Cushion) VerifySnapshot(ctx context.Context, snap Snapshot, w uint64) (ts uint64, ok bool, reason string) {
 	wctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
 	defer cancel()
-	if c.cfg.Nudge != nil && c.log.ThroughLSN() < w {
+	if c.cfg.Nudge != nil && c.log.ThroughLSN() < w-1 {
 		c.cfg.Nudge() // a commit after w soon, not at the next heartbeat
 	}
-	if err := c.log.WaitThrough(wctx, w); err != nil {
+	// Every commit the snapshot sees is below w: the log must know those.
+	if err := c.log.WaitThrough(wctx, w-1); err != nil {
 		return 0, false, fmt.Sprintf("commit log did not reach W %s within %s (it is at %s)",
 			fmtLSN(w), c.cfg.WaitTimeout, fmtLSN(c.log.ThroughLSN()))
 	}

@@ -157,8 +157,9 @@ func (s Snapshot) Visible(xid uint32) bool { return s.VisibleFull(s.Widen(xid)) 
 // w must be pg_current_wal_insert_lsn() read after the snapshot was taken
 // (in the same statement that exported it, say): every commit the
 // snapshot sees then has a commit LSN below w, and every commit at or past
-// w is invisible to it. The log must be complete through w (WaitThrough);
-// otherwise Verify says so and ok is false.
+// w is invisible to it. The log must be complete through w-1, i.e. know
+// every commit below w (WaitThrough); otherwise Verify says so and ok is
+// false.
 //
 // With L the largest commit LSN below w among the logged commits the
 // snapshot sees, the snapshot is exact iff no commit at or below L is
@@ -194,8 +195,8 @@ func Verify(log *CommitLog, snap Snapshot, w uint64) (ts uint64, ok bool, reason
 	if !log.started {
 		return 0, false, "commit log has received nothing yet"
 	}
-	if log.through < w {
-		return 0, false, fmt.Sprintf("commit log is complete through %s only, not through W %s", fmtLSN(log.through), fmtLSN(w))
+	if log.through < w-1 {
+		return 0, false, fmt.Sprintf("commit log is complete through %s only, not up to W %s", fmtLSN(log.through), fmtLSN(w))
 	}
 	if log.boundary >= w-1 {
 		return 0, false, fmt.Sprintf("commit log starts at %s, not before W %s", fmtLSN(log.boundary), fmtLSN(w))

@@ -85,7 +85,20 @@ func TestVerifyHandBuilt(t *testing.T) {
 			name: "log not through W",
 			log:  buildLog(0, 250, logCommit{10, 100}, logCommit{11, 200}),
 			snap: Snapshot{Xmin: 12, Xmax: 12}, w: 300,
-			because: "complete through 0/FA only, not through W 0/12C",
+			because: "complete through 0/FA only, not up to W 0/12C",
+		},
+		{
+			// Every commit the snapshot sees is below W: a log complete
+			// through W-1 (a walsender keepalive) is enough.
+			name: "log through W-1",
+			log:  buildLog(0, 299, logCommit{10, 100}, logCommit{11, 200}),
+			snap: Snapshot{Xmin: 12, Xmax: 12}, w: 300, ok: true, ts: 299,
+		},
+		{
+			name: "log through W-2",
+			log:  buildLog(0, 298, logCommit{10, 100}, logCommit{11, 200}),
+			snap: Snapshot{Xmin: 12, Xmax: 12}, w: 300,
+			because: "complete through 0/12A only, not up to W 0/12C",
 		},
 		{
 			name: "empty log",

@@ -633,6 +633,15 @@ func (p *Publisher) receive(ctx context.Context, repl *pgconn.PgConn) error {
 					return fmt.Errorf("publisher: keepalive: %w", err)
 				}
 				p.noteWALEnd(ka.ServerWALEnd)
+				if p.cfg.Commits != nil && ka.ServerWALEnd > 0 {
+					// A logical walsender's keepalive carries the end of the
+					// last WAL record it decoded, sent after the messages of
+					// every transaction committed before it: the commit log
+					// is complete through the LSN before it. A snapshot a
+					// client took is then placed as soon as the decoder has
+					// read past it, not at the next commit.
+					p.cfg.Commits.Through(uint64(ka.ServerWALEnd) - 1)
+				}
 				if ka.ReplyRequested {
 					if err := p.sendStatus(ctx, repl); err != nil {
 						return err
