@@ -68,10 +68,13 @@ type Config struct {
 	// WaitTimeout bounds the wait for the commit log to reach a
 	// snapshot's WAL insert LSN.
 	WaitTimeout time.Duration
-	// Nudge, when set, asks for a commit in the WAL soon (the publisher's
-	// heartbeat): a verify request waiting for the commit log to reach a
-	// client's position then waits milliseconds, not a heartbeat interval.
-	Nudge func()
+	// Nudge, when set, asks for a heartbeat through the LSN given soon
+	// (the publisher's NudgeThrough): a verify request waiting for the
+	// commit log to reach a client's position then waits milliseconds, not
+	// a heartbeat interval, and so do the client's lookups at the
+	// timestamp it is given, which wait for the caches' watermarks to
+	// reach it.
+	Nudge func(through uint64)
 	// Log receives the cushion's logs (nil: discarded). Discarded
 	// candidates are logged at debug level.
 	Log *slog.Logger
@@ -272,7 +275,7 @@ func (c *Cushion) VerifySnapshot(ctx context.Context, snap Snapshot, w uint64) (
 	wctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
 	defer cancel()
 	if c.cfg.Nudge != nil && c.log.ThroughLSN() < w-1 {
-		c.cfg.Nudge() // a commit after w soon, not at the next heartbeat
+		c.cfg.Nudge(w - 1) // a commit after w soon, not at the next heartbeat
 	}
 	// Every commit the snapshot sees is below w: the log must know those.
 	if err := c.log.WaitThrough(wctx, w-1); err != nil {
@@ -430,6 +433,10 @@ func (c *Cushion) handleVerify(ctx context.Context, m *nats.Msg) {
 	result := "exact"
 	if !ok {
 		result = "refused"
+	} else if c.cfg.Nudge != nil {
+		// The client's lookups at ts wait for the caches' watermarks to
+		// reach it: a heartbeat through ts soon.
+		c.cfg.Nudge(ts)
 	}
 	c.respondVerify(m, invalidation.PinVerifyReply{TS: ts, OK: ok, Reason: clipReason(reason)}, result)
 }

@@ -190,7 +190,9 @@ func (h *harness) walLSN() pglogrepl.LSN {
 	return l
 }
 
-// until collects transaction messages until a heartbeat at or past lsn.
+// until collects transaction messages until a heartbeat covering every
+// commit before lsn (a WAL position after them): one at or past lsn-1, as
+// a walsender keepalive at lsn brings.
 func (h *harness) until(lsn pglogrepl.LSN) []*invalidation.Txn {
 	h.t.Helper()
 	var out []*invalidation.Txn
@@ -200,7 +202,7 @@ func (h *harness) until(lsn pglogrepl.LSN) []*invalidation.Txn {
 		case m := <-h.msgs:
 			if m.Txn != nil {
 				out = append(out, m.Txn)
-			} else if m.Heartbeat.LSN >= uint64(lsn) {
+			} else if m.Heartbeat.LSN >= uint64(lsn)-1 {
 				return out
 			}
 		case <-timeout:

@@ -6,7 +6,9 @@ type metrics struct {
 	commits, rows, tags, messages, heartbeats prometheus.Counter
 	// nudges: heartbeats emitted early (after a published transaction, or
 	// for a client's fresh snapshot) rather than at the interval.
-	nudges                          prometheus.Counter
+	nudges prometheus.Counter
+	// keepaliveHeartbeats: heartbeats published on a walsender keepalive.
+	keepaliveHeartbeats             prometheus.Counter
 	flushes                         *prometheus.CounterVec
 	lagBytes, lagSeconds, confirmed prometheus.Gauge
 	publishLatency                  prometheus.Histogram
@@ -29,24 +31,25 @@ var slotStatuses = []string{"reserved", "extended", "unreserved", "lost", "unkno
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		commits:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_commits_total", Help: "Committed transactions decoded."}),
-		rows:           prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_row_changes_total", Help: "Row changes (insert, update, delete) decoded."}),
-		tags:           prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_tags_total", Help: "Tag changes published."}),
-		messages:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_messages_total", Help: "Invalidation messages published to JetStream."}),
-		heartbeats:     prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_heartbeats_total", Help: "Heartbeats published."}),
-		nudges:         prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_nudged_heartbeats_total", Help: "Heartbeats written early: after a published transaction, or for a client's fresh snapshot waiting to be placed."}),
-		flushes:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_flushes_total", Help: "Table flushes published, by reason."}, []string{"reason"}),
-		lagBytes:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_bytes", Help: "Server WAL end minus the last heartbeat published."}),
-		lagSeconds:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_seconds", Help: "Age of the last transaction published when it was published (0 when caught up)."}),
-		confirmed:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_confirmed_lsn", Help: "The slot position confirmed to PostgreSQL."}),
-		slotsCreated:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_slots_created_total", Help: "Replication slots created (each followed by a flush of every table), by reason: missing, lost."}, []string{"reason"}),
-		slotStatus:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_slot_wal_status", Help: "1 for the replication slot's current wal_status, 0 for the others."}, []string{"status"}),
-		slotRetained:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_slot_retained_wal_bytes", Help: "WAL the replication slot retains: current WAL position minus its restart_lsn."}),
-		slotSafe:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_slot_safe_wal_bytes", Help: "WAL that can still be written before the replication slot is in danger of being invalidated (safe_wal_size); -1 when unlimited (max_slot_wal_keep_size = -1)."}),
-		oversized:      prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_oversized_messages_total", Help: "Invalidation messages too large to publish (a tag holding a very long value), replaced by flushes of their tables."}),
-		identity:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_replica_identity_problems", Help: "Published tables whose replica identity is a problem: no_identity (PostgreSQL refuses their UPDATEs and DELETEs), tag_columns (it lacks tag columns: each change flushes the table)."}, []string{"problem"}),
-		registrations:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_tag_set_registrations_total", Help: "Tag column sets registered at run time, by outcome: registered (published from the registration's commit LSN, announced by an epoch), not_stored (the KV bucket did not take it: not published)."}, []string{"outcome"}),
-		registeredSets: prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_registered_tag_sets", Help: "Tag column sets registered at run time and published (kept in the JetStream KV bucket <PREFIX>_TAGSETS)."}),
+		commits:             prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_commits_total", Help: "Committed transactions decoded."}),
+		rows:                prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_row_changes_total", Help: "Row changes (insert, update, delete) decoded."}),
+		tags:                prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_tags_total", Help: "Tag changes published."}),
+		messages:            prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_messages_total", Help: "Invalidation messages published to JetStream."}),
+		heartbeats:          prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_heartbeats_total", Help: "Heartbeats published."}),
+		keepaliveHeartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_keepalive_heartbeats_total", Help: "Heartbeats published when a walsender keepalive showed every transaction before a wanted LSN decoded (after a published transaction, or a client's fresh snapshot), without a heartbeat transaction."}),
+		nudges:              prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_nudged_heartbeats_total", Help: "Heartbeats written early: after a published transaction, or for a client's fresh snapshot waiting to be placed."}),
+		flushes:             prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_flushes_total", Help: "Table flushes published, by reason."}, []string{"reason"}),
+		lagBytes:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_bytes", Help: "Server WAL end minus the last heartbeat published."}),
+		lagSeconds:          prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_replication_lag_seconds", Help: "Age of the last transaction published when it was published (0 when caught up)."}),
+		confirmed:           prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_confirmed_lsn", Help: "The slot position confirmed to PostgreSQL."}),
+		slotsCreated:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_slots_created_total", Help: "Replication slots created (each followed by a flush of every table), by reason: missing, lost."}, []string{"reason"}),
+		slotStatus:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_slot_wal_status", Help: "1 for the replication slot's current wal_status, 0 for the others."}, []string{"status"}),
+		slotRetained:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_slot_retained_wal_bytes", Help: "WAL the replication slot retains: current WAL position minus its restart_lsn."}),
+		slotSafe:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_slot_safe_wal_bytes", Help: "WAL that can still be written before the replication slot is in danger of being invalidated (safe_wal_size); -1 when unlimited (max_slot_wal_keep_size = -1)."}),
+		oversized:           prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_oversized_messages_total", Help: "Invalidation messages too large to publish (a tag holding a very long value), replaced by flushes of their tables."}),
+		identity:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_replica_identity_problems", Help: "Published tables whose replica identity is a problem: no_identity (PostgreSQL refuses their UPDATEs and DELETEs), tag_columns (it lacks tag columns: each change flushes the table)."}, []string{"problem"}),
+		registrations:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_tag_set_registrations_total", Help: "Tag column sets registered at run time, by outcome: registered (published from the registration's commit LSN, announced by an epoch), not_stored (the KV bucket did not take it: not published)."}, []string{"outcome"}),
+		registeredSets:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_registered_tag_sets", Help: "Tag column sets registered at run time and published (kept in the JetStream KV bucket <PREFIX>_TAGSETS)."}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "larder_invalidator_publish_latency_seconds",
 			Help:    "Commit (PostgreSQL's commit time) to hand-off to NATS.",
@@ -66,7 +69,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.registrations.WithLabelValues(o)
 	}
 	if reg != nil {
-		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.nudges, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency,
+		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.nudges, m.keepaliveHeartbeats, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency,
 			m.slotsCreated, m.slotStatus, m.slotRetained, m.slotSafe, m.oversized, m.identity, m.registrations, m.registeredSets)
 	}
 	return m

@@ -132,6 +132,11 @@ type Publisher struct {
 	js  jetstream.JetStream
 	// nudge asks for a heartbeat now (Nudge), rather than at the next tick.
 	nudge chan struct{}
+	// hbWant is the LSN a heartbeat is wanted through (NudgeThrough; 0:
+	// none); hbLast is the last heartbeat's. A keepalive of the walsender
+	// past hbWant publishes one at once (keepaliveHeartbeat); else the
+	// heartbeat emitter commits one.
+	hbWant, hbLast atomic.Uint64
 
 	// conn is the session's ordinary connection: heartbeats, slot
 	// statistics and catalog reloads take connMu to use it.
@@ -545,12 +550,19 @@ func (p *Publisher) emitHeartbeats(ctx context.Context, conn *pgx.Conn) error {
 			return nil
 		case <-t.C:
 		case <-p.nudge:
-			if wait := minNudgeGap - time.Since(last); wait > 0 {
+			// At most one per minNudgeGap, and not before the walsender's
+			// keepalive had a moment to bring a heartbeat without a
+			// transaction.
+			if wait := max(minNudgeGap-time.Since(last), keepaliveGrace); wait > 0 {
 				select {
 				case <-ctx.Done():
 					return nil
 				case <-time.After(wait):
 				}
+			}
+			if want := p.hbWant.Load(); want != 0 && want <= p.hbLast.Load() {
+				// A keepalive heartbeat came first: no commit needed.
+				continue
 			}
 			p.m.nudges.Inc()
 		}
@@ -580,6 +592,40 @@ func (p *Publisher) Nudge() {
 	case p.nudge <- struct{}{}:
 	default:
 	}
+}
+
+// NudgeThrough asks for a heartbeat through lsn soon: the next keepalive
+// of the walsender past it publishes one, or else the heartbeat emitter
+// commits one after at most minNudgeGap.
+func (p *Publisher) NudgeThrough(lsn uint64) {
+	for {
+		want := p.hbWant.Load()
+		if lsn <= want || p.hbWant.CompareAndSwap(want, lsn) {
+			break
+		}
+	}
+	if lsn > p.hbLast.Load() {
+		p.Nudge()
+	}
+}
+
+// keepaliveGrace is how long a nudge waits for a keepalive to bring the
+// heartbeat before the emitter commits one.
+const keepaliveGrace = 2 * time.Millisecond
+
+// keepaliveHeartbeat publishes a heartbeat through end-1 when one is wanted
+// that far: end is a keepalive's WAL position, and every transaction
+// committed before it was handled (published) before the keepalive. It
+// costs what a heartbeat transaction's does once decoded (waiting for
+// JetStream's acknowledgements), without the transaction; and only a
+// published transaction or a client's fresh snapshot wants one.
+func (p *Publisher) keepaliveHeartbeat(ctx context.Context, end pglogrepl.LSN) error {
+	want := p.hbWant.Load()
+	if end == 0 || p.inTxn || want == 0 || want <= p.hbLast.Load() || uint64(end)-1 < want {
+		return nil
+	}
+	p.m.keepaliveHeartbeats.Inc()
+	return p.heartbeat(ctx, uint64(end)-1, 0)
 }
 
 // receive reads the replication stream until ctx ends or it fails.
@@ -641,6 +687,9 @@ func (p *Publisher) receive(ctx context.Context, repl *pgconn.PgConn) error {
 					// client took is then placed as soon as the decoder has
 					// read past it, not at the next commit.
 					p.cfg.Commits.Through(uint64(ka.ServerWALEnd) - 1)
+				}
+				if err := p.keepaliveHeartbeat(ctx, ka.ServerWALEnd); err != nil {
+					return err
 				}
 				if ka.ReplyRequested {
 					if err := p.sendStatus(ctx, repl); err != nil {
@@ -837,7 +886,11 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 			return err
 		}
 	}
-	p.Nudge() // a heartbeat soon: nodes' watermarks follow the writes
+	if !p.hbTxn {
+		// A heartbeat soon: nodes' watermarks follow the writes. (A
+		// heartbeat transaction is followed by its own heartbeat.)
+		p.NudgeThrough(uint64(m.CommitLSN))
+	}
 	if schema != nil {
 		// Core NATS, after the flushes were handed to JetStream and the
 		// tag sets reply was updated: clients re-read both.
@@ -1077,8 +1130,14 @@ func (p *Publisher) heartbeat(ctx context.Context, through uint64, lsn pglogrepl
 	}
 	p.m.heartbeats.Inc()
 	p.replicated.Store(true)
+	if through > p.hbLast.Load() {
+		p.hbLast.Store(through)
+	}
 	if p.cfg.Commits != nil {
 		p.cfg.Commits.Through(through)
+	}
+	if lsn == 0 {
+		return nil // a keepalive's: the slot's position is confirmed by the others
 	}
 	if lsn > p.confirmed { // a restart resumes with the commits at or after lsn
 		p.confirmed = lsn

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const itemsDDL = `
@@ -191,5 +193,59 @@ ALTER TABLE items REPLICA IDENTITY FULL`)
 		if _, ok := cs[fmt.Sprintf("public.items(id)=%d", i)]; !ok {
 			t.Fatalf("insert %d: changes %s", i, describe(cs))
 		}
+	}
+}
+
+// TestKeepaliveHeartbeats: after a published transaction, the walsender's
+// next keepalive shows every transaction before it decoded, and the
+// publisher publishes a heartbeat through it at once, without committing a
+// heartbeat transaction of its own; every heartbeat still comes after the
+// transactions it covers.
+func TestKeepaliveHeartbeats(t *testing.T) {
+	h := newHarness(t, "CREATE TABLE kh (id int PRIMARY KEY, v int)")
+	cfg := h.config()
+	cfg.Heartbeat = time.Hour // no heartbeat but those writes ask for
+	reg := prometheus.NewRegistry()
+	cfg.Metrics = reg
+	h.start(cfg)
+	for i := 1; i <= 20; i++ {
+		h.exec(fmt.Sprintf("INSERT INTO kh VALUES (%d, %d)", i, i))
+		// The transaction, then a heartbeat through its commit.
+		tag := fmt.Sprintf("public.kh(id)=%d", i)
+		var commit uint64
+		timeout := time.After(30 * time.Second)
+		for done := false; !done; {
+			select {
+			case m := <-h.msgs:
+				if m.Txn != nil {
+					for _, c := range m.Txn.Changes {
+						if c.Tag == tag {
+							commit = m.Txn.CommitLSN
+						}
+					}
+				} else if commit != 0 && m.Heartbeat.LSN >= commit {
+					done = true
+				}
+			case <-timeout:
+				t.Fatalf("insert %d: no heartbeat through its commit (%X) within 30 s", i, commit)
+			}
+		}
+	}
+	var ka, nudged float64
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "larder_invalidator_keepalive_heartbeats_total":
+			ka = mf.GetMetric()[0].GetCounter().GetValue()
+		case "larder_invalidator_nudged_heartbeats_total":
+			nudged = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Logf("%.0f keepalive heartbeats, %.0f heartbeat transactions nudged, for 20 writes", ka, nudged)
+	if ka == 0 {
+		t.Fatal("no heartbeat came from a keepalive: each write waited for a heartbeat transaction")
 	}
 }

@@ -224,7 +224,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 			Interval:      o.PinInterval,
 			MaxStaleness:  o.MaxStaleness,
 			Budget:        o.PinBudget,
-			Nudge:         pub.Nudge,
+			Nudge:         pub.NudgeThrough,
 			Log:           log,
 			Metrics:       reg,
 		}, commits)
