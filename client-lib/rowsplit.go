@@ -9,7 +9,7 @@ import "github.com/larderdb/larder/qumaana/quma"
 // NULL or unreadable key, too many rows) keeps qtags whole; both are
 // counted.
 func (c *Client) splitRows(tpl *quma.Template, qtags []quma.QueryTag, res *Result) []quma.QueryTag {
-	if c.cfg.NoRowSplit || !tpl.SplitsRows() {
+	if !c.splits(tpl) {
 		return qtags
 	}
 	split, ok := c.splitTags(tpl, qtags, res)
@@ -24,7 +24,7 @@ func (c *Client) splitRows(tpl *quma.Template, qtags []quma.QueryTag, res *Resul
 // splitTags is splitRows without the count: the tags, and whether they
 // were split.
 func (c *Client) splitTags(tpl *quma.Template, qtags []quma.QueryTag, res *Result) ([]quma.QueryTag, bool) {
-	if c.cfg.NoRowSplit || !tpl.SplitsRows() {
+	if !c.splits(tpl) {
 		return qtags, false
 	}
 	split, ok := tpl.SplitRows(qtags, len(res.Rows), res.splitKeys)
@@ -33,6 +33,10 @@ func (c *Client) splitTags(tpl *quma.Template, qtags []quma.QueryTag, res *Resul
 	}
 	return split, ok
 }
+
+// splits reports whether results of tpl are split by rows: the template
+// splits and the client does.
+func (c *Client) splits(tpl *quma.Template) bool { return !c.cfg.NoRowSplit && tpl.SplitsRows() }
 
 // dropRowTagsForTest breaks the client on purpose (split results hold no
 // row tags), to show that the consistency tests catch it.
