@@ -190,10 +190,17 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("publisher: connect: %w", err)
 	}
-	defer conn.Close(context.Background())
 	p.connMu.Lock()
 	p.conn = conn
 	p.connMu.Unlock()
+	defer func() {
+		// Under connMu: a registration (Register, on a NATS callback) may
+		// be using the connection.
+		p.connMu.Lock()
+		p.conn = nil
+		conn.Close(context.Background())
+		p.connMu.Unlock()
+	}()
 
 	if p.js, err = jetstream.New(cfg.NATS); err != nil {
 		return fmt.Errorf("publisher: jetstream: %w", err)
