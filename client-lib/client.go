@@ -103,6 +103,13 @@ type Config struct {
 	// fresh snapshot (default DefaultPinVerifyTimeout); the transaction
 	// then runs uncached on it instead.
 	PinVerifyTimeout time.Duration
+	// FreshReadWait is how long a read in a transaction at a fresh
+	// snapshot waits for the pincushion to place it (default 0: it does
+	// not wait). A placed snapshot reads through the caches at its
+	// timestamp; until then reads run on PostgreSQL at it, uncached. Not
+	// waiting is faster when the database is busy: placing waits for the
+	// invalidator to decode past the snapshot, which lags most then.
+	FreshReadWait time.Duration
 	// PinSilence: when the pincushion has announced no pin for this long
 	// (default DefaultPinSilence), it is taken not to be placing any (its
 	// invalidator is not replicating, NATS is away): a read-only
@@ -187,6 +194,8 @@ type Client struct {
 	near *node.Node
 	maps sync.Pool
 	puts sync.WaitGroup
+	// placements are the fresh snapshots' placements under way (takeNow).
+	placements sync.WaitGroup
 
 	// own is the client's own session: every write through the client
 	// moves it; read-only transactions whose context carries no session
@@ -269,9 +278,12 @@ type Stats struct {
 	// NowSnapshots counts read-only transactions that found no pin and
 	// ran at a fresh snapshot the pincushion placed.
 	NowSnapshots atomic.Int64
-	// FreshWaitNanos sums the time spent getting fresh snapshots placed
-	// (every try, placed or not; larder_client_fresh_snapshot_seconds).
-	FreshWaitNanos atomic.Int64
+	// FreshWaitNanos sums the time the pincushion took to place fresh
+	// snapshots (every try, placed or not;
+	// larder_client_fresh_snapshot_seconds); UnplacedReads counts the
+	// reads that ran on PostgreSQL, uncached, before their transaction's
+	// fresh snapshot was placed (Config.FreshReadWait).
+	FreshWaitNanos, UnplacedReads atomic.Int64
 	// NodeMisses counts the cache-node's misses by class (compulsory,
 	// staleness, capacity, consistency; a hit outside the transaction's
 	// candidates counts as consistency).
@@ -567,6 +579,7 @@ func (c *Client) Close() {
 	if c.nc != nil {
 		c.nc.Close()
 	}
+	c.placements.Wait() // their requests fail once NATS is closed
 	if c.pool != nil {
 		c.closePool()
 	}

@@ -656,6 +656,7 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 	if st.NowSnapshots.Load() == 0 {
 		t.Error("no transaction ran at a fresh snapshot: that path went unchecked")
 	}
+	c.placements.Wait() // placements whose transactions ended first
 	var placed dto.Metric
 	if err := c.m.freshWaits.WithLabelValues("placed").(prometheus.Metric).Write(&placed); err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
 	"github.com/larderdb/larder/internal/servers"
@@ -129,6 +130,27 @@ func (s *stack) openWith(t *testing.T, nodes []string, l1 int64, waitPins bool, 
 	}
 	return c
 }
+
+// histCount is the number of observations in every series of h.
+func histCount(t *testing.T, h *prometheus.HistogramVec) uint64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 16)
+	go func() { h.Collect(ch); close(ch) }()
+	var n uint64
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		n += d.GetHistogram().GetSampleCount()
+	}
+	return n
+}
+
+// waitForPlacement makes reads at a fresh snapshot wait for it to be
+// placed (Config.FreshReadWait), so that a read right after a write can
+// hit.
+func waitForPlacement(c *Config) { c.FreshReadWait = time.Second }
 
 // dsnNodes is the database/sql DSN of the stack with nodes.
 func (s *stack) dsnNodes(nodes ...string) string {
@@ -489,6 +511,8 @@ func TestPinsNotPlacedFallBackAtOnce(t *testing.T) {
 	s.startInvalidator(t)
 	stuck := time.Now()
 	t.Logf("the invalidator runs again, its slot held elsewhere")
+	c.placements.Wait()
+	answered := histCount(t, c.m.freshWaits)
 
 	lat := newLatencies()
 	var first time.Duration
@@ -500,6 +524,15 @@ func TestPinsNotPlacedFallBackAtOnce(t *testing.T) {
 		runReads(t, 1, 1, want, lat, func(ctx context.Context) (map[int]int, error) { return roBalances(ctx, c, 0) })
 		if i == 0 {
 			first = time.Since(stuck)
+			// The read did not wait for the pincushion, which answers
+			// nothing before the verify timeout: it ran on PostgreSQL at
+			// the fresh snapshot, uncached.
+			if n := histCount(t, c.m.freshWaits) - answered; n != 0 {
+				t.Fatalf("the first read returned after %d answers about its fresh snapshot: it waited for the pincushion", n)
+			}
+			if c.Stats().UnplacedReads.Load() == 0 {
+				t.Fatal("the first read after a write is not counted as unplaced")
+			}
 		}
 	}
 	took := time.Since(stuck)
@@ -509,8 +542,16 @@ func TestPinsNotPlacedFallBackAtOnce(t *testing.T) {
 	if took > 15*time.Second {
 		t.Fatalf("20 rounds took %v: transactions waited for a pincushion that places nothing", took)
 	}
+	if n := c.Stats().Fallbacks.Load() + c.Stats().UnplacedReads.Load(); n == 0 {
+		t.Fatal("no uncached read counted")
+	}
+	// Once a placement went unanswered for the verify timeout, the
+	// transactions stop asking: they fall back at once, counted.
+	time.Sleep(DefaultPinVerifyTimeout + 300*time.Millisecond)
+	writeThrough(t, c, "UPDATE accounts SET balance = balance + 1 WHERE id = 2")
+	runReads(t, 1, 1, s.pgBalances(t), lat, func(ctx context.Context) (map[int]int, error) { return roBalances(ctx, c, 0) })
 	if c.Stats().Fallbacks.Load() == 0 {
-		t.Fatal("no fallback counted")
+		t.Fatal("no fallback counted after a placement went unanswered")
 	}
 
 	release()

@@ -44,6 +44,7 @@ func init() { sql.Register(DriverName, registered) }
 // with an optional KiB, MiB or GiB suffix), larder.prefix (NATS subject
 // prefix), and the failure bounds (Go durations, see Config):
 // larder.node-timeout, larder.node-backoff, larder.pin-verify-timeout,
+// larder.fresh-read-wait,
 // larder.pin-silence; larder.clock-granularity (a Go duration, the width
 // of the clock buckets of queries reading now(); 0s: such queries run
 // uncached; see Config.ClockGranularity); larder.register-tag-sets=false keeps the client
@@ -183,6 +184,12 @@ func ParseDSN(dsn string) (Config, error) {
 				"larder.node-timeout": &cfg.NodeTimeout, "larder.node-backoff": &cfg.NodeBackoff,
 				"larder.pin-verify-timeout": &cfg.PinVerifyTimeout, "larder.pin-silence": &cfg.PinSilence,
 			}[k] = d
+		case "larder.fresh-read-wait":
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > time.Minute {
+				return cfg, fmt.Errorf("larder: larder.fresh-read-wait=%q: want a duration of at most a minute, such as 2ms (0s: reads do not wait)", v)
+			}
+			cfg.FreshReadWait = d
 		case "larder.clock-granularity":
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 || d > 24*time.Hour {

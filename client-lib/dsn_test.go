@@ -54,6 +54,17 @@ func TestDSNMistakes(t *testing.T) {
 	if _, err := ParseDSN(base + "&larder.node-timeout=0s"); err == nil || !strings.Contains(err.Error(), "larder.node-timeout") {
 		t.Fatalf("larder.node-timeout=0s: %v", err)
 	}
+	if cfg.FreshReadWait != 0 {
+		t.Errorf("reads wait %s for a fresh snapshot's placement by default", cfg.FreshReadWait)
+	}
+	if cfg, err := ParseDSN(base + "&larder.fresh-read-wait=5ms"); err != nil || cfg.FreshReadWait != 5*time.Millisecond {
+		t.Errorf("larder.fresh-read-wait=5ms: %s, %v", cfg.FreshReadWait, err)
+	}
+	for _, v := range []string{"-1ms", "2m", "soon"} {
+		if _, err := ParseDSN(base + "&larder.fresh-read-wait=" + v); err == nil || !strings.Contains(err.Error(), "larder.fresh-read-wait") {
+			t.Errorf("larder.fresh-read-wait=%s: %v", v, err)
+		}
+	}
 }
 
 // The node and NATS credentials of a DSN become the client's TLS

@@ -111,8 +111,11 @@ func (f *Function[A, R]) Call(ctx context.Context, tx *ROTx, arg A) (R, error) {
 		t.c.m.uncacheable("function argument cannot be encoded")
 		return f.fn(ctx, t, arg)
 	}
+	if err := t.settle(ctx, t.c.cfg.FreshReadWait, true); err != nil {
+		return zero, err
+	}
 	var key []byte
-	if !t.fallback && !t.scope.temp {
+	if !t.fallback && !t.scope.temp && t.placing == nil {
 		key, err = t.c.key(t.scope.key+"\nfunction", "larder-function:"+f.name, []any{argBytes})
 	}
 	if key == nil || err != nil {
@@ -211,6 +214,9 @@ func (f *Function[A, R]) run(ctx context.Context, t *ROTx, arg A, key []byte) (R
 	}
 	// Every result the function read is valid at each remaining candidate
 	// (hits narrowed to them; a miss fixed the transaction at one).
+	if t.placing != nil || t.fallback {
+		return r, nil // no timestamp to cache it at
+	}
 	s := t.ts
 	if !t.fixed {
 		if len(t.cands) == 0 {

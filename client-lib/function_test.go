@@ -19,7 +19,7 @@ import (
 // something uncacheable runs every time.
 func TestCacheableFunction(t *testing.T) {
 	s := startStackWith(t, schemaSQL, "INSERT INTO accounts (id, balance) VALUES (1, 10), (2, 20), (3, 30), (4, 40)", readBalance)
-	c := s.openWith(t, []string{s.node}, 0, true, nil)
+	c := s.openWith(t, []string{s.node}, 0, true, waitForPlacement) // reads right after writes hit
 	ctx := context.Background()
 	runs := map[string]int{}
 	balances := NewFunction("balances", func(ctx context.Context, tx *ROTx, ids []int) (map[int]int, error) {

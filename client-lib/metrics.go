@@ -67,6 +67,9 @@ type clientMetrics struct {
 	pinsOtherServer prometheus.Counter
 	// freshWaits: time to get a fresh snapshot placed, by outcome.
 	freshWaits *prometheus.HistogramVec
+	// unplacedReads: reads run on PostgreSQL at a fresh snapshot before
+	// the pincushion placed it.
+	unplacedReads prometheus.Counter
 
 	mu            sync.Mutex
 	seenReasons   map[string]bool // guarded by mu
@@ -100,8 +103,9 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		functionCalls:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_function_calls_total", Help: "Cacheable function calls, by outcome: l1 and node (hits), run (run and cached), uncacheable (run, not cached: it read something uncacheable)."}, []string{"outcome"}),
 		templateReads:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_reads_total", Help: "Reads in read-only transactions by query template (its id, the pg_query fingerprint; the first 500 templates, then \"other\") and source: l1 and node (hits), database (a miss, computed at the snapshot and cached), uncached (run at the snapshot, not cached)."}, []string{"template", "source"}),
 		pinsOtherServer:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_pins_other_server_total", Help: "Pins not imported because they were exported by another run of the PostgreSQL server than the connection's (it restarted since; snapshot ids repeat across restarts): each is dropped like a released pin and the transaction tries its next one."}),
-		freshWaits: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "larder_client_fresh_snapshot_seconds", Help: "Time a read-only transaction that found no pin recent enough (typically its session's first read after a write) spent on each try at a fresh snapshot: BEGIN and the snapshot's read, then the pincushion's answer; by outcome: placed, or not (refused: not exact, or not answered in time).",
+		freshWaits: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "larder_client_fresh_snapshot_seconds", Help: "Time to place a fresh snapshot, for a read-only transaction that found no pin recent enough (typically its session's first read after a write), each try: BEGIN and the snapshot's read, then the pincushion's answer; by outcome: placed, or not (refused: not exact, or not answered in time). The transaction's reads do not wait for it (larder_client_unplaced_reads_total).",
 			Buckets: prometheus.ExponentialBuckets(0.00025, 2, 12)}, []string{"outcome"}),
+		unplacedReads: prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_unplaced_reads_total", Help: "Reads run on PostgreSQL, uncached, at a fresh snapshot the pincushion had not placed yet (the read did not wait for it; Config.FreshReadWait)."}),
 		seenReasons:   map[string]bool{},
 		seenTemplates: map[string]bool{},
 	}
@@ -123,7 +127,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	if reg != nil {
 		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.nodeSkips, m.collapsed, m.pipedReads, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
 			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.rowSplits, m.functionCalls, m.templateReads,
-			m.pinsOtherServer, m.freshWaits)
+			m.pinsOtherServer, m.freshWaits, m.unplacedReads)
 	}
 	return m
 }

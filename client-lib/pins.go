@@ -162,6 +162,16 @@ func (p *pinTracker) candidates(since time.Time, minLSN uint64) []invalidation.P
 	return out
 }
 
+// newest returns the timestamp of the newest pin known (0: none).
+func (p *pinTracker) newest() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.pins) == 0 {
+		return 0
+	}
+	return p.pins[len(p.pins)-1].LSN
+}
+
 // remove forgets a pin the pincushion released, or PostgreSQL no longer
 // knows (released early, or exported by a server run that ended); not
 // another pin at its LSN.

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 
 	"github.com/larderdb/larder/cache-node/protocol"
 	"github.com/larderdb/larder/cache-node/store"
@@ -68,6 +67,11 @@ type ROTx struct {
 	done     bool
 	now      bool
 	held     map[string]bool // tables locked and checked (holdTables)
+	// placing is the placement of the fresh snapshot the transaction is
+	// open at, while the pincushion works on it (nil once settled);
+	// nowTries counts the fresh snapshots tried.
+	placing  *placement
+	nowTries int
 	// begun is when the transaction began: its clock buckets (the "now"
 	// of clock-bound queries) are this time rounded down.
 	begun time.Time
@@ -96,24 +100,16 @@ func (c *Client) beginRO(ctx context.Context, staleness time.Duration, session *
 	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), session: session, scope: scope, begun: time.Now()}
 	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN(ctx))
 	if len(t.cands) == 0 {
-		// No pin fits: a snapshot taken now, placed by the pincushion.
-		// PostgreSQL's own order of concurrent commits can make a snapshot
-		// impossible to place (about one in seven under load): try again a
-		// few times before running uncached on it.
-		for attempt := 0; ; attempt++ {
-			placed, err := t.takeNow(ctx, attempt == maxNowAttempts-1)
-			if err != nil {
-				// The transaction may be open: end it (on a context of
-				// its own, the caller's may be over).
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_ = t.closeConn(cctx)
-				cancel()
-				t.release()
-				return nil, wrap("begin", "", err)
-			}
-			if placed || t.fallback {
-				break
-			}
+		// No pin fits: a snapshot taken now, placed by the pincushion
+		// while the transaction reads (settle).
+		if err := t.takeNow(ctx); err != nil {
+			// The transaction may be open: end it (on a context of its
+			// own, the caller's may be over).
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = t.closeConn(cctx)
+			cancel()
+			t.release()
+			return nil, wrap("begin", "", err)
 		}
 	}
 	return t, nil
@@ -124,74 +120,140 @@ const maxNowAttempts = 3
 
 // Placed reports whether the transaction reads at an exact commit-LSN
 // timestamp; false for a fallback, which reads one PostgreSQL snapshot
-// uncached.
-func (t *ROTx) Placed() bool { return !t.fallback }
+// uncached. At a fresh snapshot whose placement is still under way it
+// waits for the pincushion's answer (at most Config.PinVerifyTimeout).
+func (t *ROTx) Placed() bool {
+	if t.placing != nil && !t.done {
+		_ = t.settle(context.Background(), t.c.cfg.PinVerifyTimeout, false)
+	}
+	return !t.fallback && t.placing == nil
+}
+
+// placement is the pincushion's work on a fresh snapshot: the
+// transaction is open at the snapshot already and reads on PostgreSQL
+// while it waits for the answer (settle).
+type placement struct {
+	done chan struct{} // closed once reply or err is set
+	// after is the newest pin's timestamp known before the snapshot was
+	// taken: the snapshot's own is no earlier.
+	after  uint64
+	reply  invalidation.PinVerifyReply
+	err    error
+	cancel context.CancelFunc
+}
 
 // takeNow opens the transaction at a fresh snapshot and asks the
-// pincushion for its exact timestamp. When it cannot be placed it is
-// closed again, unless last: then the transaction runs uncached on it (a
-// fallback, counted). When the pincushion cannot be asked (NATS is not
+// pincushion for its exact timestamp, without waiting for the answer
+// (settle takes it). When the pincushion cannot be asked (NATS is not
 // connected) or is placing no pins (its commit log does not advance: it
 // would only answer after its own wait), the transaction runs uncached at
 // once.
-func (t *ROTx) takeNow(ctx context.Context, last bool) (bool, error) {
+func (t *ROTx) takeNow(ctx context.Context) error {
+	t.nowTries++
 	if !t.c.nc.IsConnected() || !t.c.pins.placing(time.Now()) {
 		// No one to place it: uncached on a fresh snapshot.
 		if err := t.begin(ctx, invalidation.Pin{}, nil); err != nil {
-			return false, err
+			return err
 		}
 		if !t.c.nc.IsConnected() {
 			t.fallBack(fallbackNATS)
 		} else {
 			t.fallBack(fallbackPins)
 		}
-		return false, nil
+		return nil
 	}
 	// BEGIN and the snapshot's read in one round trip.
+	after := t.c.pins.newest()
 	began := time.Now()
 	req, err := t.beginNow(ctx)
 	if err != nil {
-		return false, err
+		return err
 	}
-	var reply invalidation.PinVerifyReply
-	vctx, cancel := context.WithTimeout(ctx, t.c.cfg.PinVerifyTimeout)
-	defer cancel()
-	var msg *nats.Msg
-	if msg, err = t.c.nc.RequestWithContext(vctx, invalidation.PinVerifySubject(t.c.cfg.Prefix), invalidation.EncodePinVerifyRequest(req)); err == nil {
-		reply, err = invalidation.DecodePinVerifyReply(msg.Data)
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return false, ctx.Err()
+	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.c.cfg.PinVerifyTimeout)
+	p := &placement{done: make(chan struct{}), after: after, cancel: cancel}
+	t.placing, t.fixed, t.now = p, true, true
+	c := t.c
+	c.placements.Add(1)
+	go func() {
+		defer c.placements.Done()
+		defer close(p.done)
+		msg, err := c.nc.RequestWithContext(vctx, invalidation.PinVerifySubject(c.cfg.Prefix), invalidation.EncodePinVerifyRequest(req))
+		if err == nil {
+			p.reply, err = invalidation.DecodePinVerifyReply(msg.Data)
 		}
-		if vctx.Err() != nil {
-			// Unanswered in time: the pincushion is waiting for a commit
-			// log that does not advance. Until it places a pin again,
-			// transactions do not ask.
-			t.c.pins.stall(time.Now())
+		p.err = err
+		switch {
+		case err == nil && p.reply.OK:
+			c.noteFreshWait("placed", time.Since(began))
+			c.stats.NowSnapshots.Add(1)
+		default:
+			if errors.Is(vctx.Err(), context.DeadlineExceeded) {
+				// Unanswered in time: the pincushion is waiting for a
+				// commit log that does not advance. Until it places a
+				// pin again, transactions do not ask.
+				c.pins.stall(time.Now())
+			}
+			c.noteFreshWait("not_placed", time.Since(began))
 		}
-		last = true // the pincushion cannot be asked: no point trying again
-	}
-	if err != nil || !reply.OK {
-		t.noteFreshWait("not_placed", time.Since(began))
-		if !last {
-			_ = t.closeConn(ctx)
-			return false, nil
-		}
-		t.fallBack(fallbackVerify)
-		return false, nil
-	}
-	t.noteFreshWait("placed", time.Since(began))
-	t.fixed, t.ts, t.now = true, reply.TS, true
-	t.cands = []invalidation.Pin{{LSN: reply.TS}}
-	t.c.stats.NowSnapshots.Add(1)
-	return true, nil
+	}()
+	return nil
 }
 
-// noteFreshWait counts one try at a fresh snapshot that took d.
-func (t *ROTx) noteFreshWait(outcome string, d time.Duration) {
-	t.c.m.freshWaits.WithLabelValues(outcome).Observe(d.Seconds())
-	t.c.stats.FreshWaitNanos.Add(int64(d))
+// settle takes the placement's outcome when it has come, waiting for it
+// at most wait (and while ctx lasts). Placed, the transaction reads at
+// the snapshot's timestamp, through the caches. Not placed (refused as
+// not exact, or unanswered in time), a transaction that has returned
+// nothing yet tries another fresh snapshot (at most maxNowAttempts) when
+// retry; otherwise it runs uncached on the one it has. Still under way,
+// it changes nothing: the read runs on PostgreSQL at the snapshot,
+// uncached.
+func (t *ROTx) settle(ctx context.Context, wait time.Duration, retry bool) error {
+	p := t.placing
+	if p == nil {
+		return nil
+	}
+	select {
+	case <-p.done:
+	default:
+		if wait <= 0 {
+			return nil
+		}
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		select {
+		case <-p.done:
+		case <-timer.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	t.placing = nil
+	p.cancel()
+	if p.err == nil && p.reply.OK {
+		t.ts = p.reply.TS
+		t.cands = []invalidation.Pin{{LSN: p.reply.TS}}
+		return nil
+	}
+	if retry && !t.returned && p.err == nil && t.nowTries < maxNowAttempts {
+		// Refused (PostgreSQL's own order of concurrent commits can make
+		// a snapshot impossible to place: about one in seven under load)
+		// before anything was read: another may be placed.
+		if err := t.closeConn(ctx); err != nil {
+			return err
+		}
+		t.fixed, t.now, t.held = false, false, nil
+		return t.takeNow(ctx)
+	}
+	t.fallBack(fallbackVerify)
+	return nil
+}
+
+// noteFreshWait counts one try at a fresh snapshot whose placement took
+// d.
+func (c *Client) noteFreshWait(outcome string, d time.Duration) {
+	c.m.freshWaits.WithLabelValues(outcome).Observe(d.Seconds())
+	c.stats.FreshWaitNanos.Add(int64(d))
 }
 
 // fallBack makes the transaction run uncached on the fresh snapshot it
@@ -461,7 +523,7 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 	// Every pin is gone (the pincushion or PostgreSQL restarted) and
 	// nothing was read yet: a snapshot taken now is one the transaction
 	// could have begun at.
-	if _, err := t.takeNow(ctx, true); err != nil {
+	if err := t.takeNow(ctx); err != nil {
 		return err
 	}
 	if t.fixed {
@@ -514,6 +576,9 @@ func (t *ROTx) Range() (lo, hi uint64) {
 }
 
 func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, error) {
+	if err := t.settle(ctx, t.c.cfg.FreshReadWait, true); err != nil {
+		return nil, err
+	}
 	if t.fallback {
 		t.noteUncacheable("the transaction reads uncached (no usable pin)")
 		return t.onDBUncached(ctx, sql, args)
@@ -626,6 +691,24 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	}
 	if _, ok := t.c.templateSQL.Load(tpl.ID); !ok && t.c.templateCount.Add(1) <= maxTemplates {
 		t.c.templateSQL.Store(tpl.ID, tpl.SQL)
+	}
+	if t.placing != nil {
+		// At a fresh snapshot the pincushion has not placed yet: the read
+		// runs on PostgreSQL at it rather than wait (its tables held, as
+		// at a pin), and its result is not cached (its timestamp is not
+		// known yet).
+		t.c.stats.UnplacedReads.Add(1)
+		t.c.m.unplacedReads.Inc()
+		t.c.m.templateRead(tpl.ID, "uncached")
+		t.noteUncacheable("read before its fresh snapshot was placed")
+		if err := t.holdTables(ctx, tables); err != nil {
+			return nil, err
+		}
+		res, err := t.onDBUncached(ctx, runSQL, runArgs)
+		if err == nil {
+			noteResult(res)
+		}
+		return res, err
 	}
 	tmin, tmax := t.Range()
 
@@ -885,17 +968,26 @@ func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
 		}
 		return err
 	}
-	plan := t.planHold(tables, t.ts)
+	ts := t.ts
+	if t.placing != nil {
+		// A fresh snapshot not placed yet: its timestamp is at least that
+		// of every pin announced before it was taken (it sees what they
+		// see). Storage facts that old hold for it; none is learnt from
+		// it.
+		ts = t.placing.after
+	}
+	plan := t.planHold(tables, ts)
 	if plan == nil {
 		return nil
 	}
+	plan.unplaced = t.placing != nil
 	results, err := pgConnOf(t.conn).Exec(ctx, plan.sql()).ReadAll()
 	if err != nil {
 		return err
 	}
-	err = t.checkHeld(ctx, plan, results, t.ts)
+	err = t.checkHeld(ctx, plan, results, ts)
 	if errors.Is(err, errRewritten) {
-		t.c.pins.dropThrough(t.ts)
+		t.c.pins.dropThrough(ts)
 	}
 	return err
 }
@@ -971,6 +1063,9 @@ func (t *ROTx) finish(ctx context.Context) error {
 		return nil
 	}
 	t.done = true
+	// A placement under way goes on: its answer, or its lack of one in
+	// time, tells later transactions whether the pincushion is placing.
+	t.placing = nil
 	if t.pooled != nil && t.remote == nil {
 		// A pooled connection's ROLLBACK is off the caller's path: the
 		// transaction only read, so nothing waits on its outcome; the

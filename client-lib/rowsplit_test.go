@@ -215,7 +215,7 @@ func TestResultIntColumn(t *testing.T) {
 // call after such a change would hit).
 func TestFunctionHoldsSplitTags(t *testing.T) {
 	s := startStackWith(t, searchDDL, searchSeed, searchPage, "SELECT name FROM items WHERE id = $1")
-	c := s.openWith(t, []string{s.node}, 0, true, nil)
+	c := s.openWith(t, []string{s.node}, 0, true, waitForPlacement) // reads right after writes hit
 	ctx := context.Background()
 	page := NewFunction("search-page", func(ctx context.Context, tx *ROTx, category int) ([]int, error) {
 		rows, err := tx.Query(ctx, searchPage, category)

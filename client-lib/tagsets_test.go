@@ -36,7 +36,7 @@ func waitKeyedOn(t *testing.T, c *Client, sql string) {
 // their own key ends them.
 func TestRegisteredTagSetKeysResults(t *testing.T) {
 	s := startStackWith(t, schemaSQL, "INSERT INTO accounts (id, balance, ver) VALUES (1, 100, 1), (2, 100, 2), (3, 100, 3)", readBalance, byVer)
-	c := s.openWith(t, []string{s.node}, 0, true, nil)
+	c := s.openWith(t, []string{s.node}, 0, true, waitForPlacement) // reads right after writes hit
 	ctx := context.Background()
 	waitKeyedOn(t, c, byVer)
 	set := invalidation.SetName("public.accounts", []string{"ver"})
