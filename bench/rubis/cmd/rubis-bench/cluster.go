@@ -34,7 +34,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/larderdb/larder/cache-node/store"
 	larder "github.com/larderdb/larder/client-lib"
 )
 
@@ -199,12 +198,7 @@ func (b *bench) clusterReads(vr variant) map[string]int64 {
 		if !ok {
 			continue
 		}
-		add := map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load(),
-			"uncacheable":     st.Uncacheable.Load(),
-			"miss-compulsory": st.NodeMisses[store.MissCompulsory].Load(), "miss-staleness": st.NodeMisses[store.MissStaleness].Load(),
-			"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load(),
-			"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(), "tx-fresh-wait-us": st.FreshWaitNanos.Load() / 1000,
-			"node-lookups": st.NodeLookups.Load(), "node-errors": st.NodeErrors.Load()}
+		add := statsOf(st)
 		for k, v := range add {
 			m[k] += v
 		}

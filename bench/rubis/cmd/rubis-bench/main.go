@@ -135,6 +135,7 @@ func run() error {
 	flag.IntVar(&phpWorkers, "php-workers", phpWorkers, "PHP_CLI_SERVER_WORKERS of the PHP modes: PHP processes serving requests, each with its own database session")
 	flag.BoolVar(&sqlNow, "sql-now", false, "the application's time-dependent reads use RUBiS's original end_date >= NOW() (cached per clock bucket by Larder) instead of a $now parameter it rounds to a minute itself")
 	flag.BoolVar(&splitRows, "split-rows", true, "the clients split results by rows (larder.split-rows; false: every result's tags stay whole, so any change to an item of a search page's category ends the page)")
+	flag.DurationVar(&freshReadWait, "fresh-read-wait", 0, "how long the larder modes' reads wait for their fresh snapshot to be placed (larder.fresh-read-wait; 0: the client's default, no wait)")
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	l1 := flag.String("l1", "256MiB", "the L1 of the modes with one (larder-l1, local-only, php-larder-l1): bytes, with an optional KiB, MiB or GiB suffix")
 	flag.Parse()
@@ -480,6 +481,10 @@ var registerTagSets = true
 // splitRows: the larder modes' clients split results by rows (--split-rows).
 var splitRows = true
 
+// freshReadWait: how long the larder modes' reads wait for a fresh
+// snapshot's placement (--fresh-read-wait; 0: the client's default).
+var freshReadWait time.Duration
+
 // sqlNow: the application runs RUBiS's original NOW() SQL (--sql-now).
 var sqlNow bool
 
@@ -501,6 +506,9 @@ func modeDSN(mode, label string, env map[string]string) string {
 	}
 	if !splitRows {
 		q.Set("larder.split-rows", "false")
+	}
+	if freshReadWait > 0 {
+		q.Set("larder.fresh-read-wait", freshReadWait.String())
 	}
 	switch mode {
 	case "larder", "larder-client-ryw", "larder-functions":
@@ -600,13 +608,21 @@ func readsOf(mode, label string, env map[string]string) map[string]int64 {
 	if !ok {
 		return nil
 	}
+	return statsOf(st)
+}
+
+// statsOf is a client's reads by source, its node's and L1's misses by
+// class, its fresh snapshots and its function calls.
+func statsOf(st *larder.Stats) map[string]int64 {
 	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load(),
+		"uncacheable":     st.Uncacheable.Load(),
 		"miss-compulsory": st.NodeMisses[store.MissCompulsory].Load(), "miss-staleness": st.NodeMisses[store.MissStaleness].Load(),
 		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load(),
 		"l1-miss-compulsory": st.L1Misses[store.MissCompulsory].Load(), "l1-miss-staleness": st.L1Misses[store.MissStaleness].Load(),
 		"l1-miss-capacity": st.L1Misses[store.MissCapacity].Load(), "l1-miss-consistency": st.L1Misses[store.MissConsistency].Load(),
 		"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(), "tx-fresh-wait-us": st.FreshWaitNanos.Load() / 1000,
-		"node-lookups": st.NodeLookups.Load(), "function-hits": st.FunctionHits.Load(), "function-runs": st.FunctionRuns.Load()}
+		"unplaced-reads": st.UnplacedReads.Load(),
+		"node-lookups":   st.NodeLookups.Load(), "node-errors": st.NodeErrors.Load(), "function-hits": st.FunctionHits.Load(), "function-runs": st.FunctionRuns.Load()}
 }
 
 // postmasterPID reads the PID of PostgreSQL's postmaster from its data

@@ -9,7 +9,6 @@ import (
 	"os"
 
 	"github.com/larderdb/larder/bench/rubis/php"
-	"github.com/larderdb/larder/cache-node/store"
 	larder "github.com/larderdb/larder/client-lib"
 	"github.com/larderdb/larder/client-lib/pgfront"
 )
@@ -104,15 +103,6 @@ func startFront(ctx context.Context, vr variant, env map[string]string) (dsn str
 	}
 	pg.Host = front.Addr().String()
 	return pg.String(), client, front, nil
-}
-
-// statsOf is a library client's reads by source, as readsOf reports the
-// driver's.
-func statsOf(st *larder.Stats) map[string]int64 {
-	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load(),
-		"miss-compulsory": st.NodeMisses[store.MissCompulsory].Load(), "miss-staleness": st.NodeMisses[store.MissStaleness].Load(),
-		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load(),
-		"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(), "tx-fresh-wait-us": st.FreshWaitNanos.Load() / 1000, "node-lookups": st.NodeLookups.Load()}
 }
 
 // prefixWriter passes PHP's log (failed interactions) to standard error.
