@@ -768,3 +768,48 @@ func TestFallbackSchemaChangeAsksForRetry(t *testing.T) {
 	}
 	t.Logf("%d of 20 transactions asked for a retry", retries)
 }
+
+// A transaction whose every pin is gone before it read anything takes a
+// fresh snapshot at its first read; until the pincushion places it, that
+// read runs on PostgreSQL uncached (not put at a timestamp it does not
+// have), and later reads go through the caches at the timestamp it gets.
+func TestFreshSnapshotAfterEveryPinIsGone(t *testing.T) {
+	s := startStack(t)
+	c := s.openWith(t, []string{s.node}, 8<<20, true, nil)
+	ctx := context.Background()
+	want := s.pgBalances(t)
+	tx, err := c.BeginRO(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tx.cands) == 0 || tx.placing != nil {
+		t.Fatal("the transaction did not begin at pins")
+	}
+	for i := range tx.cands {
+		tx.cands[i].SnapshotID = "7FFFFFFF-7FFFFFFF-1" // a snapshot PostgreSQL does not know
+	}
+	unplaced := c.Stats().UnplacedReads.Load()
+	var bal int
+	if err := tx.QueryRow(ctx, readBalance, []any{1}, &bal); err != nil {
+		t.Fatal(err)
+	}
+	if bal != want[1] {
+		t.Fatalf("balance %d, PostgreSQL has %d", bal, want[1])
+	}
+	if c.Stats().UnplacedReads.Load() == unplaced {
+		t.Fatalf("the read after every pin was gone is not counted as a read before placement: %v", tx.trace)
+	}
+	if !tx.Placed() || tx.Timestamp() == 0 {
+		t.Fatalf("the fresh snapshot was not placed (timestamp %d)", tx.Timestamp())
+	}
+	if err := tx.QueryRow(ctx, readBalance, []any{2}, &bal); err != nil {
+		t.Fatal(err)
+	}
+	if bal != want[2] {
+		t.Fatalf("balance %d, PostgreSQL has %d", bal, want[2])
+	}
+	if last := tx.trace[len(tx.trace)-1]; !strings.HasPrefix(last, "l1[") && !strings.HasPrefix(last, "node[") && !strings.HasPrefix(last, "db@") {
+		t.Fatalf("the read after placement did not go through the caches at its timestamp: %v", tx.trace)
+	}
+	_ = tx.Commit(ctx)
+}

@@ -101,7 +101,7 @@ func (c *Client) beginRO(ctx context.Context, staleness time.Duration, session *
 	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN(ctx))
 	if len(t.cands) == 0 {
 		// No pin fits: a snapshot taken now, placed by the pincushion
-		// while the transaction reads (settle).
+		// while the transaction goes on (settle).
 		if err := t.takeNow(ctx); err != nil {
 			// The transaction may be open: end it (on a context of its
 			// own, the caller's may be over).
@@ -197,6 +197,24 @@ func (t *ROTx) takeNow(ctx context.Context) error {
 		}
 	}()
 	return nil
+}
+
+// readUncached runs a read of template tplID at a fresh snapshot that is
+// not placed (yet, or at all: a fallback), its tables held (tplID "":
+// counted by the caller).
+func (t *ROTx) readUncached(ctx context.Context, tplID, sql string, args []any) (*Result, error) {
+	if t.fallback {
+		t.noteUncacheable("the transaction reads uncached (no usable pin)")
+	} else {
+		t.c.stats.UnplacedReads.Add(1)
+		t.c.m.unplacedReads.Inc()
+		t.noteUncacheable("read before its fresh snapshot was placed")
+	}
+	if tplID != "" {
+		t.c.m.templateRead(tplID, "uncached")
+	}
+	t.trace = append(t.trace, "db(unplaced)")
+	return t.onDBUncached(ctx, sql, args)
 }
 
 // settle takes the placement's outcome when it has come, waiting for it
@@ -697,14 +715,10 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		// runs on PostgreSQL at it rather than wait (its tables held, as
 		// at a pin), and its result is not cached (its timestamp is not
 		// known yet).
-		t.c.stats.UnplacedReads.Add(1)
-		t.c.m.unplacedReads.Inc()
-		t.c.m.templateRead(tpl.ID, "uncached")
-		t.noteUncacheable("read before its fresh snapshot was placed")
 		if err := t.holdTables(ctx, tables); err != nil {
 			return nil, err
 		}
-		res, err := t.onDBUncached(ctx, runSQL, runArgs)
+		res, err := t.readUncached(ctx, tpl.ID, runSQL, runArgs)
 		if err == nil {
 			noteResult(res)
 		}
@@ -775,8 +789,15 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if err != nil {
 		return nil, err
 	}
-	if t.fallback { // no pin left: uncached
-		return t.onDBUncached(ctx, runSQL, runArgs)
+	if t.fallback || t.placing != nil {
+		// No pin left, and nothing read yet: the transaction took a
+		// fresh snapshot, uncached until placed (or for good). (The read
+		// is counted as a miss already.)
+		res, err := t.readUncached(ctx, "", runSQL, runArgs)
+		if err == nil {
+			noteResult(res)
+		}
+		return res, err
 	}
 	var v any
 	var shared bool
