@@ -104,11 +104,13 @@ type Config struct {
 	// then runs uncached on it instead.
 	PinVerifyTimeout time.Duration
 	// FreshReadWait is how long a read in a transaction at a fresh
-	// snapshot waits for the pincushion to place it (default 0: it does
-	// not wait). A placed snapshot reads through the caches at its
-	// timestamp; until then reads run on PostgreSQL at it, uncached. Not
-	// waiting is faster when the database is busy: placing waits for the
-	// invalidator to decode past the snapshot, which lags most then.
+	// snapshot waits for the pincushion to place it (default
+	// DefaultFreshReadWait; < 0: it does not wait). A placed snapshot
+	// reads through the caches at its timestamp; until then, and after
+	// the wait, reads run on PostgreSQL at it, uncached. Placing waits for
+	// the invalidator to decode past the snapshot: well under a
+	// millisecond on an idle database, a few to a dozen under load, the
+	// verify timeout when it is stuck.
 	FreshReadWait time.Duration
 	// PinSilence: when the pincushion has announced no pin for this long
 	// (default DefaultPinSilence), it is taken not to be placing any (its
@@ -320,6 +322,7 @@ func (s *Stats) noteL1Miss(c store.MissClass) {
 // Defaults of the pincushion waits (see Config).
 const (
 	DefaultPinVerifyTimeout = time.Second
+	DefaultFreshReadWait    = 50 * time.Millisecond
 	DefaultPinSilence       = time.Second
 	DefaultCloseTimeout     = 5 * time.Second
 )
@@ -355,6 +358,9 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	if cfg.PinSilence <= 0 {
 		cfg.PinSilence = DefaultPinSilence
+	}
+	if cfg.FreshReadWait == 0 {
+		cfg.FreshReadWait = DefaultFreshReadWait
 	}
 	if cfg.CloseTimeout <= 0 {
 		cfg.CloseTimeout = DefaultCloseTimeout

@@ -23,12 +23,12 @@
 // (Config.NodeTimeout, at most half of what is left of the caller's), and
 // a per-node circuit breaker sends a failing node's reads straight to
 // PostgreSQL, as misses, until a probe after Config.NodeBackoff finds it
-// answering. A transaction that needs a fresh snapshot reads on
-// PostgreSQL at it while the pincushion places it (Config.FreshReadWait
-// makes reads wait for the placement instead), gives up on the placement
-// after Config.PinVerifyTimeout, and does not ask while the pincushion
-// places no pins (Config.PinSilence) or NATS is away: it runs uncached on
-// a fresh snapshot. Stats and the larder_client_* metrics count each of
+// answering. A transaction that needs a fresh snapshot waits for the
+// pincushion to place it at most Config.FreshReadWait, then reads on
+// PostgreSQL at it until placed; it gives up on the placement after
+// Config.PinVerifyTimeout, and does not ask while the pincushion places
+// no pins (Config.PinSilence) or NATS is away: it runs uncached on a
+// fresh snapshot. Stats and the larder_client_* metrics count each of
 // these.
 //
 // A Session is the unit of read-your-writes: it travels in a context

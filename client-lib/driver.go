@@ -187,9 +187,12 @@ func ParseDSN(dsn string) (Config, error) {
 		case "larder.fresh-read-wait":
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 || d > time.Minute {
-				return cfg, fmt.Errorf("larder: larder.fresh-read-wait=%q: want a duration of at most a minute, such as 2ms (0s: reads do not wait)", v)
+				return cfg, fmt.Errorf("larder: larder.fresh-read-wait=%q: want a duration of at most a minute, such as 20ms (0s: reads do not wait)", v)
 			}
 			cfg.FreshReadWait = d
+			if d == 0 {
+				cfg.FreshReadWait = -1
+			}
 		case "larder.clock-granularity":
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 || d > 24*time.Hour {

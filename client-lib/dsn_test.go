@@ -55,10 +55,13 @@ func TestDSNMistakes(t *testing.T) {
 		t.Fatalf("larder.node-timeout=0s: %v", err)
 	}
 	if cfg.FreshReadWait != 0 {
-		t.Errorf("reads wait %s for a fresh snapshot's placement by default", cfg.FreshReadWait)
+		t.Errorf("the DSN sets a fresh read wait of %s by default (Open's default applies)", cfg.FreshReadWait)
 	}
 	if cfg, err := ParseDSN(base + "&larder.fresh-read-wait=5ms"); err != nil || cfg.FreshReadWait != 5*time.Millisecond {
 		t.Errorf("larder.fresh-read-wait=5ms: %s, %v", cfg.FreshReadWait, err)
+	}
+	if cfg, err := ParseDSN(base + "&larder.fresh-read-wait=0s"); err != nil || cfg.FreshReadWait >= 0 {
+		t.Errorf("larder.fresh-read-wait=0s (no wait): %s, %v", cfg.FreshReadWait, err)
 	}
 	for _, v := range []string{"-1ms", "2m", "soon"} {
 		if _, err := ParseDSN(base + "&larder.fresh-read-wait=" + v); err == nil || !strings.Contains(err.Error(), "larder.fresh-read-wait") {

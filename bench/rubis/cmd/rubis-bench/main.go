@@ -135,7 +135,7 @@ func run() error {
 	flag.IntVar(&phpWorkers, "php-workers", phpWorkers, "PHP_CLI_SERVER_WORKERS of the PHP modes: PHP processes serving requests, each with its own database session")
 	flag.BoolVar(&sqlNow, "sql-now", false, "the application's time-dependent reads use RUBiS's original end_date >= NOW() (cached per clock bucket by Larder) instead of a $now parameter it rounds to a minute itself")
 	flag.BoolVar(&splitRows, "split-rows", true, "the clients split results by rows (larder.split-rows; false: every result's tags stay whole, so any change to an item of a search page's category ends the page)")
-	flag.DurationVar(&freshReadWait, "fresh-read-wait", 0, "how long the larder modes' reads wait for their fresh snapshot to be placed (larder.fresh-read-wait; 0: the client's default, no wait)")
+	flag.StringVar(&freshReadWait, "fresh-read-wait", "", "how long the larder modes' reads wait for their fresh snapshot to be placed (larder.fresh-read-wait: a Go duration, 0s for no wait; empty: the client's default, 50ms)")
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	l1 := flag.String("l1", "256MiB", "the L1 of the modes with one (larder-l1, local-only, php-larder-l1): bytes, with an optional KiB, MiB or GiB suffix")
 	flag.Parse()
@@ -482,8 +482,9 @@ var registerTagSets = true
 var splitRows = true
 
 // freshReadWait: how long the larder modes' reads wait for a fresh
-// snapshot's placement (--fresh-read-wait; 0: the client's default).
-var freshReadWait time.Duration
+// snapshot's placement (--fresh-read-wait, larder.fresh-read-wait; "":
+// the client's default).
+var freshReadWait string
 
 // sqlNow: the application runs RUBiS's original NOW() SQL (--sql-now).
 var sqlNow bool
@@ -507,8 +508,8 @@ func modeDSN(mode, label string, env map[string]string) string {
 	if !splitRows {
 		q.Set("larder.split-rows", "false")
 	}
-	if freshReadWait > 0 {
-		q.Set("larder.fresh-read-wait", freshReadWait.String())
+	if freshReadWait != "" {
+		q.Set("larder.fresh-read-wait", freshReadWait)
 	}
 	switch mode {
 	case "larder", "larder-client-ryw", "larder-functions":
