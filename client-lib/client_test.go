@@ -356,6 +356,31 @@ func TestSnapshotConsistencyUnderConcurrentTransfers(t *testing.T) {
 	}
 }
 
+// With reads that never wait for a fresh snapshot's placement, the
+// transactions right after their session's writes read on PostgreSQL
+// before placement and through the caches after: the history must hold
+// as well.
+func TestSnapshotConsistencyReadsBeforePlacement(t *testing.T) {
+	var c *Client
+	violations, reads := transfersAndReadsWith(t, 8<<20, historyRun{client: func(t *testing.T, s *stack, l1 int64) *Client {
+		c = s.openWith(t, []string{s.node}, l1, true, func(cfg *Config) { cfg.FreshReadWait = -1 })
+		return c
+	}})
+	for i, v := range violations {
+		if i < 5 {
+			t.Log(v)
+		}
+	}
+	if len(violations) > 0 {
+		t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
+	}
+	if n := c.Stats().UnplacedReads.Load(); n == 0 {
+		t.Fatal("no read ran before its fresh snapshot was placed: that path went unchecked")
+	} else {
+		t.Logf("0 violations in %d read-only transactions, %d reads before placement", reads, n)
+	}
+}
+
 func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 	return transfersAndReadsWith(t, l1, historyRun{})
 }
