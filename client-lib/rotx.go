@@ -230,6 +230,7 @@ func (t *ROTx) settle(ctx context.Context, wait time.Duration, retry bool) error
 	if p == nil {
 		return nil
 	}
+	deadline := time.Now().Add(wait)
 	select {
 	case <-p.done:
 	default:
@@ -261,7 +262,10 @@ func (t *ROTx) settle(ctx context.Context, wait time.Duration, retry bool) error
 			return err
 		}
 		t.fixed, t.now, t.held = false, false, nil
-		return t.takeNow(ctx)
+		if err := t.takeNow(ctx); err != nil {
+			return err
+		}
+		return t.settle(ctx, time.Until(deadline), retry) // what is left of the wait
 	}
 	t.fallBack(fallbackVerify)
 	return nil
