@@ -196,6 +196,10 @@ func StartNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 			}
 		}
 		args := []string{"-a", "127.0.0.1", "-p", strconv.Itoa(n.port), "-js", "-sd", store}
+		if port := os.Getenv("LARDER_NATS_PROFILE_PORT"); port != "" {
+			// nats-server's own Go profiles, at http://127.0.0.1:port/debug/pprof/.
+			args = append(args, "--profile", port)
+		}
 		if len(cfg.Users) > 0 || cfg.LeafPort > 0 {
 			conf, err := natsConfigFile(cfg.Users, cfg.LeafPort)
 			if err != nil {
