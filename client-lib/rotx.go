@@ -715,10 +715,10 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		t.c.templateSQL.Store(tpl.ID, tpl.SQL)
 	}
 	if t.placing != nil {
-		// At a fresh snapshot the pincushion has not placed yet: the read
-		// runs on PostgreSQL at it rather than wait (its tables held, as
-		// at a pin), and its result is not cached (its timestamp is not
-		// known yet).
+		// At a fresh snapshot the pincushion did not place within the
+		// read's wait (settle): the read runs on PostgreSQL at it (its
+		// tables held, as at a pin), and its result is not cached (its
+		// timestamp is not known yet).
 		if err := t.holdTables(ctx, tables); err != nil {
 			return nil, err
 		}
