@@ -796,3 +796,44 @@ func TestFreshSnapshotAfterEveryPinIsGone(t *testing.T) {
 	}
 	_ = tx.Commit(ctx)
 }
+
+// Through database/sql, with larder.fresh-read-wait=0s: each read-only
+// transaction right after a write reads before its fresh snapshot is
+// placed, and still sees the write; with the default wait, the reads wait
+// for the placement instead.
+func TestFreshReadWaitThroughDatabaseSQL(t *testing.T) {
+	s := startStack(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		param    string
+		unplaced bool // reads before placement expected
+	}{{"larder.fresh-read-wait=0s", true}, {"larder.fresh-read-wait=1s", false}} {
+		dsn := s.dsn("larder.l1=1048576", c.param)
+		db := openDB(t, DriverName, dsn)
+		for i := 1; i <= 20; i++ {
+			if _, err := db.ExecContext(ctx, "UPDATE accounts SET balance = $1 WHERE id = 3", 1000+i); err != nil {
+				t.Fatal(err)
+			}
+			tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var bal int
+			if err := tx.QueryRowContext(ctx, readBalance, 3).Scan(&bal); err != nil {
+				t.Fatal(err)
+			}
+			_ = tx.Commit()
+			if bal != 1000+i {
+				t.Fatalf("%s: read %d right after writing %d", c.param, bal, 1000+i)
+			}
+		}
+		st, ok := DriverStats(dsn)
+		if !ok {
+			t.Fatalf("%s: no driver statistics", c.param)
+		}
+		if n := st.UnplacedReads.Load(); (n > 0) != c.unplaced {
+			t.Fatalf("%s: %d reads before placement in 20 reads right after writes", c.param, n)
+		}
+		t.Logf("%s: %d reads before placement, %d fresh snapshots placed", c.param, st.UnplacedReads.Load(), st.NowSnapshots.Load())
+	}
+}

@@ -44,8 +44,8 @@ func init() { sql.Register(DriverName, registered) }
 // with an optional KiB, MiB or GiB suffix), larder.prefix (NATS subject
 // prefix), and the failure bounds (Go durations, see Config):
 // larder.node-timeout, larder.node-backoff, larder.pin-verify-timeout,
-// larder.fresh-read-wait,
-// larder.pin-silence; larder.clock-granularity (a Go duration, the width
+// larder.pin-silence, larder.fresh-read-wait (0s: reads at a fresh
+// snapshot do not wait for its placement); larder.clock-granularity (a Go duration, the width
 // of the clock buckets of queries reading now(); 0s: such queries run
 // uncached; see Config.ClockGranularity); larder.register-tag-sets=false keeps the client
 // from registering the QUMA file's tag column sets with the invalidator
