@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"sync"
 	"time"
@@ -37,15 +38,21 @@ type ackPublisher struct {
 
 	mu    sync.Mutex
 	seq   uint64 // the last sequence number used
-	base  uint64 // replies to sequences <= base are of spent batches: ignored
+	base  uint64 // replies to sequences <= base are of spent messages: ignored
 	acked uint64 // replies received to sequences > base
 	// answered has bit seq-base-1 set once message seq was answered: a
 	// second answer to one message (which JetStream does not send) must
 	// not stand for another's.
 	answered []uint64
-	err      error // the first refusal among them
-	wake     chan struct{}
-	// reconnects when the batch's first message was published: a
+	err      error  // the first refusal among them
+	errSeq   uint64 // the message it answered
+	// the wait under way (awaitThrough): it ends once every message in
+	// (base, waitCut] is answered (waitAcked of them so far) or one of
+	// them was refused.
+	wake      chan struct{}
+	waitCut   uint64
+	waitAcked uint64
+	// reconnects when the first unspent message was published: a
 	// reconnection loses the acknowledgements of what was sent before it.
 	reconnects uint64
 }
@@ -94,12 +101,20 @@ func (a *ackPublisher) publish(subject, msgID string, data []byte) error {
 	return err
 }
 
-// outstanding is the number of messages published since the last
-// awaitAll.
+// outstanding is the number of messages published and not yet spent by
+// a wait.
 func (a *ackPublisher) outstanding() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return int(a.seq - a.base)
+}
+
+// mark is the sequence number of the last message published: awaitThrough
+// waits for it and every one before it.
+func (a *ackPublisher) mark() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.seq
 }
 
 // onReply receives JetStream's acknowledgements.
@@ -160,10 +175,16 @@ func (a *ackPublisher) note(seq uint64, err error) {
 	}
 	a.answered[i/64] |= 1 << (i % 64)
 	a.acked++
-	if err != nil && a.err == nil {
-		a.err = err
+	if err != nil && (a.err == nil || seq < a.errSeq) {
+		a.err, a.errSeq = err, seq
 	}
-	if a.wake != nil && (a.err != nil || a.acked == a.seq-a.base) {
+	if a.wake == nil {
+		return
+	}
+	if seq <= a.waitCut {
+		a.waitAcked++
+	}
+	if (a.err != nil && a.errSeq <= a.waitCut) || a.waitAcked == a.waitCut-a.base {
 		close(a.wake)
 		a.wake = nil
 	}
@@ -173,28 +194,44 @@ func (a *ackPublisher) note(seq uint64, err error) {
 var errAckTimeout = errors.New("publisher: JetStream acknowledgements timed out")
 
 // awaitAll waits until JetStream acknowledged every message published
-// since the last call; the first refusal, a reconnection (the replies of
-// what was sent before it are lost), the timeout or ctx end the wait with
-// an error. Whatever happened, those messages are then spent: a failed
-// session resumes from the slot and publishes them again.
+// and not yet spent (awaitThrough of the last one).
 func (a *ackPublisher) awaitAll(ctx context.Context, timeout time.Duration) error {
+	return a.awaitThrough(ctx, a.mark(), timeout)
+}
+
+// awaitThrough waits until JetStream acknowledged every message published
+// up to cut (a mark) and not yet spent; the first refusal among them, a
+// reconnection (the replies of what was sent before it are lost), the
+// timeout or ctx end the wait with an error. Whatever happened, those
+// messages are then spent: a failed session resumes from the slot and
+// publishes them again. Messages published after cut are not waited for
+// (they may be published while it waits). One wait at a time.
+func (a *ackPublisher) awaitThrough(ctx context.Context, cut uint64, timeout time.Duration) error {
 	a.mu.Lock()
-	n := a.seq - a.base
-	if n == 0 {
+	if cut > a.seq {
+		cut = a.seq
+	}
+	if cut <= a.base {
 		a.mu.Unlock()
 		return nil
 	}
 	var wake chan struct{}
-	if a.err == nil && a.acked < n {
-		wake = make(chan struct{})
-		a.wake = wake
+	if !(a.err != nil && a.errSeq <= cut) {
+		n := a.answeredThroughLocked(cut)
+		if n < cut-a.base {
+			wake = make(chan struct{})
+			a.wake, a.waitCut, a.waitAcked = wake, cut, n
+		}
 	}
 	reconnects := a.reconnects
 	a.mu.Unlock()
 	err := a.wait(ctx, wake, timeout, reconnects)
 	a.mu.Lock()
-	refused := a.err
-	a.spendLocked()
+	var refused error
+	if a.err != nil && a.errSeq <= cut {
+		refused = a.err
+	}
+	a.spendThroughLocked(cut)
 	a.mu.Unlock()
 	switch {
 	case refused != nil:
@@ -205,17 +242,69 @@ func (a *ackPublisher) awaitAll(ctx context.Context, timeout time.Duration) erro
 	return fmt.Errorf("publisher: waiting for JetStream's acknowledgements: %w", err)
 }
 
+// answeredThroughLocked counts the messages in (base, cut] answered.
+func (a *ackPublisher) answeredThroughLocked(cut uint64) uint64 {
+	n, width := uint64(0), cut-a.base
+	for w := uint64(0); w*64 < width && w < uint64(len(a.answered)); w++ {
+		word := a.answered[w]
+		if rest := width - w*64; rest < 64 {
+			word &= 1<<rest - 1
+		}
+		n += uint64(bits.OnesCount64(word))
+	}
+	return n
+}
+
 // reset forgets the messages published so far (a new session).
 func (a *ackPublisher) reset() {
 	a.mu.Lock()
-	a.spendLocked()
+	a.spendThroughLocked(a.seq)
 	a.mu.Unlock()
 }
 
-func (a *ackPublisher) spendLocked() {
-	a.base, a.acked, a.err, a.wake = a.seq, 0, nil, nil
-	clear(a.answered)
-	a.answered = a.answered[:0]
+// spendLocked spends every message published so far.
+func (a *ackPublisher) spendLocked() { a.spendThroughLocked(a.seq) }
+
+// spendThroughLocked forgets the messages up to cut: their late replies
+// are ignored, and a refusal among them no longer counts.
+func (a *ackPublisher) spendThroughLocked(cut uint64) {
+	a.wake = nil
+	if cut >= a.seq {
+		a.base, a.acked, a.err, a.errSeq = a.seq, 0, nil, 0
+		clear(a.answered)
+		a.answered = a.answered[:0]
+		return
+	}
+	n := cut - a.base
+	a.acked -= a.answeredThroughLocked(cut)
+	a.answered = shiftBits(a.answered, n)
+	a.base = cut
+	if a.err != nil && a.errSeq <= cut {
+		a.err, a.errSeq = nil, 0
+	}
+}
+
+// shiftBits drops the first n bits of words (bit i of the result is bit
+// i+n of words) and returns the words left, reusing words.
+func shiftBits(words []uint64, n uint64) []uint64 {
+	skip, off := int(n/64), n%64
+	if skip >= len(words) {
+		clear(words)
+		return words[:0]
+	}
+	k := copy(words, words[skip:])
+	clear(words[k:])
+	words = words[:k]
+	if off == 0 {
+		return words
+	}
+	for i := range words {
+		words[i] >>= off
+		if i+1 < len(words) {
+			words[i] |= words[i+1] << (64 - off)
+		}
+	}
+	return words
 }
 
 func (a *ackPublisher) wait(ctx context.Context, wake chan struct{}, timeout time.Duration, reconnects uint64) error {

@@ -235,7 +235,7 @@ func TestAckPublisher(t *testing.T) {
 func TestAckPublisherCountsEachMessageOnce(t *testing.T) {
 	a := &ackPublisher{seq: 2}
 	wake := make(chan struct{})
-	a.wake = wake
+	a.wake, a.waitCut = wake, 2
 	a.note(1, nil)
 	a.note(1, nil)
 	select {
@@ -252,5 +252,67 @@ func TestAckPublisherCountsEachMessageOnce(t *testing.T) {
 	a.spendLocked()
 	if a.acked != 0 || len(a.answered) != 0 {
 		t.Fatalf("after spending: %d acked, %d words", a.acked, len(a.answered))
+	}
+}
+
+// A wait through a mark spends only the messages up to it: those
+// published after it stay outstanding, their refusal counts for the next
+// wait, and a refusal before the mark fails this one (the heartbeater's
+// waits).
+func TestAckPublisherAwaitThrough(t *testing.T) {
+	ctx := context.Background()
+	a := &ackPublisher{seq: 200}
+	for seq := uint64(1); seq <= 130; seq++ {
+		a.note(seq, nil)
+	}
+	refused := errors.New("refused")
+	a.note(150, refused)
+	if err := a.awaitThrough(ctx, 130, time.Second); err != nil {
+		t.Fatalf("every message through 130 answered: %v", err)
+	}
+	if a.base != 130 || a.outstanding() != 70 || a.acked != 1 {
+		t.Fatalf("after the wait through 130: base %d, %d outstanding, %d acked; want 130, 70, 1", a.base, a.outstanding(), a.acked)
+	}
+	// The answer to 150 moved with the window: 131..149 are still owed.
+	for seq := uint64(131); seq <= 149; seq++ {
+		a.note(seq, nil)
+	}
+	a.note(150, nil) // a second answer is ignored
+	if err := a.awaitThrough(ctx, 140, time.Second); err != nil {
+		t.Fatalf("through 140: %v", err)
+	}
+	if err := a.awaitThrough(ctx, 160, 50*time.Millisecond); !errors.Is(err, refused) {
+		t.Fatalf("through 160, 150 refused: %v", err)
+	}
+	if a.err != nil || a.base != 160 {
+		t.Fatalf("the refusal outlived its wait (base %d, err %v)", a.base, a.err)
+	}
+	// 161..200 unanswered: the wait times out, and a late answer wakes
+	// a wait that began before it.
+	done := make(chan error, 1)
+	go func() { done <- a.awaitThrough(ctx, 170, 10*time.Second) }()
+	time.Sleep(20 * time.Millisecond)
+	for seq := uint64(161); seq <= 170; seq++ {
+		a.note(seq, nil)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("through 170, answered while waiting: %v", err)
+	}
+	if err := a.awaitThrough(ctx, 200, 50*time.Millisecond); !errors.Is(err, errAckTimeout) {
+		t.Fatalf("through 200, unanswered: %v", err)
+	}
+}
+
+func TestShiftBits(t *testing.T) {
+	for _, n := range []uint64{0, 1, 63, 64, 65, 127, 128, 129, 200} {
+		words := []uint64{0x0123456789abcdef, 0xfedcba9876543210, 0x0f0f0f0f0f0f0f0f}
+		bit := func(w []uint64, i uint64) bool { return i/64 < uint64(len(w)) && w[i/64]&(1<<(i%64)) != 0 }
+		orig := append([]uint64(nil), words...)
+		got := shiftBits(words, n)
+		for i := uint64(0); i < 192; i++ {
+			if bit(got, i) != bit(orig, i+n) {
+				t.Fatalf("shift by %d: bit %d is %v; want %v", n, i, bit(got, i), bit(orig, i+n))
+			}
+		}
 	}
 }

@@ -164,9 +164,15 @@ type Publisher struct {
 	// replicated: this Run published a heartbeat (see Replicated).
 	replicated atomic.Bool
 
-	acks      *ackPublisher // made by the first Run, on cfg.NATS
-	confirmed pglogrepl.LSN // slot position: everything before it is acknowledged
-	lastSent  time.Time     // last standby status update
+	acks *ackPublisher // made by the first Run, on cfg.NATS
+	// hbs publishes the session's heartbeats off the replication loop
+	// (heartbeater.go); nil between sessions.
+	hbs *heartbeater
+	// confirmed is the slot position: everything before it is
+	// acknowledged (set by the heartbeater, sent by the loop).
+	confirmed atomic.Uint64
+	lastSent  time.Time // last standby status update
+	sentPos   uint64    // the slot position it confirmed
 	walEnd    pglogrepl.LSN
 	buf       []byte
 	enc       encoder
@@ -283,21 +289,29 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if err != nil {
 		return p.slotFailed(ctx, fmt.Errorf("publisher: start replication from %s: %w", start, err))
 	}
-	p.confirmed = start
+	p.confirmed.Store(uint64(start))
 	if err := p.publishEpoch(ctx, uint64(start)); err != nil {
 		return err
 	}
 	cfg.Log.Info("replicating", "slot", cfg.Slot, "publication", cfg.Publication, "from", start.String(), "tables", len(p.tables))
 
+	// The heartbeater cuts the loop's read short when a heartbeat fails.
+	readConn := repl.Conn()
+	p.hbs = newHeartbeater(func() { _ = readConn.SetReadDeadline(time.Now()) })
 	hbCtx, stopHB := context.WithCancel(ctx)
 	hbDone := make(chan error, 1)
 	go func() { hbDone <- p.emitHeartbeats(hbCtx, conn) }()
+	hbsDone := make(chan struct{})
+	go func() { defer close(hbsDone); p.hbs.run(hbCtx, p.publishHeartbeat) }()
 	err = p.receive(ctx, repl)
 	if err != nil && ctx.Err() == nil {
 		err = p.slotFailed(ctx, err)
 	}
 	stopHB()
 	hbErr := <-hbDone
+	<-hbsDone
+	p.hbs = nil
+	p.confirmSent(ctx, repl)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -567,7 +581,7 @@ func (p *Publisher) emitHeartbeats(ctx context.Context, conn *pgx.Conn) error {
 				case <-time.After(wait):
 				}
 			}
-			if want := p.hbWant.Load(); want != 0 && want <= p.hbLast.Load() {
+			if want := p.hbWant.Load(); want != 0 && want <= max(p.hbLast.Load(), p.hbs.askedThrough()) {
 				// A keepalive heartbeat came first: no commit needed.
 				continue
 			}
@@ -626,13 +640,15 @@ const keepaliveGrace = 2 * time.Millisecond
 // costs what a heartbeat transaction's does once decoded (waiting for
 // JetStream's acknowledgements), without the transaction; and only a
 // published transaction or a client's fresh snapshot wants one.
-func (p *Publisher) keepaliveHeartbeat(ctx context.Context, end pglogrepl.LSN) error {
+func (p *Publisher) keepaliveHeartbeat(end pglogrepl.LSN) {
 	want := p.hbWant.Load()
-	if end == 0 || p.inTxn || want == 0 || want <= p.hbLast.Load() || uint64(end)-1 < want {
-		return nil
+	if end == 0 || p.inTxn || want == 0 || want <= max(p.hbLast.Load(), p.hbs.askedThrough()) || uint64(end)-1 < want {
+		return
 	}
 	p.m.keepaliveHeartbeats.Inc()
-	return p.heartbeat(ctx, uint64(end)-1, 0)
+	// Every transaction committed before end was handled (published)
+	// before the keepalive, and none is open: a restart may resume at end.
+	p.heartbeatSoon(uint64(end)-1, end)
 }
 
 // receive reads the replication stream until ctx ends or it fails.
@@ -648,7 +664,13 @@ func (p *Publisher) receive(ctx context.Context, repl *pgconn.PgConn) error {
 	defer func() { _ = conn.SetReadDeadline(time.Time{}) }()
 	var deadline time.Time
 	for {
-		if time.Since(p.lastSent) >= statusEvery {
+		if err := p.hbs.failed(); err != nil {
+			p.confirmSent(ctx, repl)
+			return err
+		}
+		if time.Since(p.lastSent) >= statusEvery || p.confirmed.Load() > p.sentPos {
+			// Due, or a heartbeat moved the slot position: confirmed at
+			// once, so that a session that fails resumes after it.
 			if err := p.sendStatus(ctx, repl); err != nil {
 				return err
 			}
@@ -661,9 +683,16 @@ func (p *Publisher) receive(ctx context.Context, repl *pgconn.PgConn) error {
 			if ctx.Err() != nil { // ended before the deadline was set
 				return nil
 			}
+			if err := p.hbs.failed(); err != nil { // the same
+				return err
+			}
 		}
 		raw, err := repl.ReceiveMessage(context.Background())
 		if err != nil {
+			if hbErr := p.hbs.failed(); hbErr != nil {
+				p.confirmSent(ctx, repl)
+				return hbErr
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -695,9 +724,7 @@ func (p *Publisher) receive(ctx context.Context, repl *pgconn.PgConn) error {
 					// read past it, not at the next commit.
 					p.cfg.Commits.Through(uint64(ka.ServerWALEnd) - 1)
 				}
-				if err := p.keepaliveHeartbeat(ctx, ka.ServerWALEnd); err != nil {
-					return err
-				}
+				p.keepaliveHeartbeat(ka.ServerWALEnd)
 				if ka.ReplyRequested {
 					if err := p.sendStatus(ctx, repl); err != nil {
 						return err
@@ -729,13 +756,40 @@ func (p *Publisher) noteWALEnd(l pglogrepl.LSN) {
 	}
 }
 
+// confirmSent confirms to the slot, on the way out of a session, a
+// position a heartbeat reached since the last status update (best
+// effort: the connection may be gone).
+func (p *Publisher) confirmSent(ctx context.Context, repl *pgconn.PgConn) {
+	if p.confirmed.Load() <= p.sentPos {
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if err := p.sendStatus(sctx, repl); err != nil {
+		p.cfg.Log.Debug("confirm the slot position on the way out", "err", err)
+	}
+}
+
 func (p *Publisher) sendStatus(ctx context.Context, repl *pgconn.PgConn) error {
-	err := pglogrepl.SendStandbyStatusUpdate(ctx, repl, pglogrepl.StandbyStatusUpdate{WALWritePosition: p.confirmed})
+	confirmed := pglogrepl.LSN(p.confirmed.Load())
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, repl, pglogrepl.StandbyStatusUpdate{WALWritePosition: confirmed})
 	if err != nil {
 		return fmt.Errorf("publisher: standby status: %w", err)
 	}
-	p.lastSent = time.Now()
-	p.m.confirmed.Set(float64(p.confirmed))
+	if uint64(confirmed) > p.sentPos {
+		// A heartbeat moved the slot position: the decoder's lag behind
+		// the WAL is what is left past it.
+		if p.walEnd > confirmed {
+			p.m.lagBytes.Set(float64(p.walEnd - confirmed))
+		} else {
+			p.m.lagBytes.Set(0)
+		}
+		if !p.inTxn {
+			p.m.lagSeconds.Set(0)
+		}
+	}
+	p.lastSent, p.sentPos = time.Now(), uint64(confirmed)
+	p.m.confirmed.Set(float64(confirmed))
 	return nil
 }
 
@@ -793,7 +847,8 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed
 			// Every commit up to this one is decoded; a restart resumes
 			// after its end.
 			p.hbTxn = false
-			return true, p.heartbeat(ctx, uint64(m.CommitLSN), m.TransactionEndLSN)
+			p.heartbeatSoon(uint64(m.CommitLSN), m.TransactionEndLSN)
+			return false, nil
 		}
 	case *pglogrepl.LogicalDecodingMessage:
 		if m.Prefix == DDLPrefix && m.Transactional && p.inTxn {
@@ -819,7 +874,8 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed
 		}
 		// A non-transactional message's LSN is the end of its record: a
 		// commit record may start there, so it covers the commits before.
-		return true, p.heartbeat(ctx, uint64(m.LSN)-1, m.LSN)
+		p.heartbeatSoon(uint64(m.LSN)-1, m.LSN)
+		return false, nil
 	}
 	return false, nil
 }
@@ -1121,45 +1177,81 @@ func collapse(changes []invalidation.Change, tables []string) ([]invalidation.Ch
 	return cs.changes, cs.tables
 }
 
-// heartbeat waits for JetStream to acknowledge every message so far, then
-// publishes a heartbeat saying every commit at or before through is
-// published, and confirms resume to the slot.
-func (p *Publisher) heartbeat(ctx context.Context, through uint64, lsn pglogrepl.LSN) error {
-	if err := p.awaitAcks(ctx); err != nil {
+// beforeHeartbeatForTest, when set, runs before each heartbeat waits for
+// the acknowledgements (a test holds heartbeats back with it).
+var beforeHeartbeatForTest atomic.Pointer[func()]
+
+// heartbeatSoon hands the heartbeater a heartbeat through through, to be
+// published once every message published so far is acknowledged, and
+// confirming resume (when not 0) to the slot after it. The replication
+// loop goes on meanwhile (heartbeater.go).
+func (p *Publisher) heartbeatSoon(through uint64, resume pglogrepl.LSN) {
+	if p.hbs == nil {
+		return
+	}
+	p.hbs.ask(hbRequest{through: through, cut: p.acks.mark(), confirm: uint64(resume)})
+}
+
+// heartbeat publishes a heartbeat through through in the replication loop
+// itself: after the heartbeater's, it waits for JetStream to acknowledge
+// every message so far, publishes the heartbeat saying every commit at or
+// before through is published, and confirms resume to the slot (when not
+// 0). A catch-up past maxPending messages and a new slot's flush wait so.
+func (p *Publisher) heartbeat(ctx context.Context, through uint64, resume pglogrepl.LSN) error {
+	if err := p.hbs.drain(); err != nil {
 		return err
 	}
-	p.buf = invalidation.AppendHeartbeat(p.buf[:0], invalidation.Heartbeat{LSN: through, Time: time.Now()})
-	msg := &nats.Msg{Subject: invalidation.HeartbeatSubject(p.cfg.SubjectPrefix), Data: append([]byte(nil), p.buf...)}
-	actx, cancel := context.WithTimeout(ctx, ackTimeout)
-	defer cancel()
-	if _, err := p.js.PublishMsg(actx, msg, jetstream.WithMsgID(invalidation.HeartbeatMsgID(through))); err != nil {
-		return fmt.Errorf("publisher: publish heartbeat: %w", err)
-	}
-	p.m.heartbeats.Inc()
-	p.replicated.Store(true)
-	if through > p.hbLast.Load() {
-		p.hbLast.Store(through)
-	}
-	if p.cfg.Commits != nil {
-		p.cfg.Commits.Through(through)
-	}
-	if lsn == 0 {
-		return nil // a keepalive's: the slot's position is confirmed by the others
-	}
-	if lsn > p.confirmed { // a restart resumes with the commits at or after lsn
-		p.confirmed = lsn
-	}
-	if p.walEnd > lsn {
-		p.m.lagBytes.Set(float64(p.walEnd - lsn))
-	} else {
-		p.m.lagBytes.Set(0)
-	}
-	if !p.inTxn {
-		p.m.lagSeconds.Set(0)
+	if err := p.publishHeartbeat(ctx, hbRequest{through: through, cut: p.acks.mark(), confirm: uint64(resume)}); err != nil {
+		return err
 	}
 	return nil
 }
 
+// publishHeartbeat waits for JetStream to acknowledge every message up to
+// r.cut, then publishes a heartbeat through r.through and records it (the
+// last heartbeat; r.confirm, the slot position to confirm). It runs in the
+// heartbeater, or in the replication loop once the heartbeater is idle.
+func (p *Publisher) publishHeartbeat(ctx context.Context, r hbRequest) error {
+	if hook := beforeHeartbeatForTest.Load(); hook != nil {
+		(*hook)()
+	}
+	if err := p.acks.awaitThrough(ctx, r.cut, ackTimeout); err != nil {
+		return err
+	}
+	data := invalidation.AppendHeartbeat(nil, invalidation.Heartbeat{LSN: r.through, Time: time.Now()})
+	msg := &nats.Msg{Subject: invalidation.HeartbeatSubject(p.cfg.SubjectPrefix), Data: data}
+	// Once sent, the heartbeat may be stored: its acknowledgement is
+	// awaited even when the session is ending, so that the slot position
+	// it confirms is not lost (a resumed session would publish heartbeats
+	// behind it).
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+	defer cancel()
+	if _, err := p.js.PublishMsg(actx, msg, jetstream.WithMsgID(invalidation.HeartbeatMsgID(r.through))); err != nil {
+		return fmt.Errorf("publisher: publish heartbeat: %w", err)
+	}
+	p.m.heartbeats.Inc()
+	p.replicated.Store(true)
+	if r.through > p.hbLast.Load() {
+		p.hbLast.Store(r.through)
+	}
+	if p.cfg.Commits != nil {
+		p.cfg.Commits.Through(r.through)
+	}
+	for {
+		// A restart resumes with the commits at or after r.confirm.
+		c := p.confirmed.Load()
+		if r.confirm <= c || p.confirmed.CompareAndSwap(c, r.confirm) {
+			break
+		}
+	}
+	return nil
+}
+
+// awaitAcks waits for every message so far to be acknowledged, once the
+// heartbeater is idle (one wait at a time).
 func (p *Publisher) awaitAcks(ctx context.Context) error {
+	if err := p.hbs.drain(); err != nil {
+		return err
+	}
 	return p.acks.awaitAll(ctx, ackTimeout)
 }
