@@ -142,6 +142,9 @@ type metrics struct {
 	keep      prometheus.Gauge
 	oldest    prometheus.Gauge
 	demands   *prometheus.CounterVec
+	// verifyWait times a client's snapshot verification, from its
+	// request to its answer: mostly the wait for the decoder to pass it.
+	verifyWait prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
@@ -176,11 +179,15 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		demands: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "larder_pincushion_staleness_demands_total", Help: "Staleness demands clients announced, by result (ok, bad: not decodable).",
 		}, []string{"result"}),
+		verifyWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "larder_pincushion_verify_seconds", Help: "Time from a client's verify request to its answer: mostly the wait for the decoder to read past the snapshot (the client's placement wait less the NATS round trip).",
+			Buckets: []float64{0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1},
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.demanded, m.released, m.verify, m.conns, m.keep, m.oldest, m.demands} {
+	for _, c := range []prometheus.Collector{m.held, m.taken, m.discarded, m.demanded, m.released, m.verify, m.conns, m.keep, m.oldest, m.demands, m.verifyWait} {
 		if err := reg.Register(c); err != nil {
 			return metrics{}, fmt.Errorf("pincushion: register metrics: %w", err)
 		}
@@ -429,7 +436,9 @@ func (c *Cushion) handleVerify(ctx context.Context, m *nats.Msg) {
 		}
 	}
 	snap := Snapshot{Xmin: req.Xmin, Xmax: req.Xmax, Xip: req.Xip}
+	began := time.Now()
 	ts, ok, reason := c.VerifySnapshot(ctx, snap, req.InsertLSN)
+	c.m.verifyWait.Observe(time.Since(began).Seconds())
 	result := "exact"
 	if !ok {
 		result = "refused"
