@@ -65,3 +65,73 @@ func TestL1ServesReadsAfterLaterWrites(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestL1KeepsNodeHitsOpen: a result the L1 got from a cache-node's hit
+// serves later reads too, past the interval the node proved, for as long
+// as nothing it read changes: a session's read right after its own write
+// elsewhere hits the L1 instead of asking the node again. (The L1 kept a
+// node's hit closed, so every read at a newer timestamp missed it and
+// went back to the node: one round trip per read for good.)
+func TestL1KeepsNodeHitsOpen(t *testing.T) {
+	s := startStack(t)
+	ctx := context.Background()
+	// Another application server computes the result and puts it on the
+	// node; it has no L1, so its hits are the node's.
+	other := s.open(t, s.url, []string{s.node}, 0)
+	if b := readInt(t, ctx, other, 0, readBalance, 1); b != 100 {
+		t.Fatalf("balance %d", b)
+	}
+	for deadline := time.Now().Add(20 * time.Second); other.Stats().NodeHits.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the node never served the result put on it")
+		}
+		time.Sleep(20 * time.Millisecond)
+		readInt(t, ctx, other, 0, readBalance, 1)
+	}
+
+	c := s.open(t, s.url, []string{s.node}, 8<<20)
+	if b := readInt(t, ctx, c, 0, readBalance, 1); b != 100 {
+		t.Fatalf("balance %d", b)
+	}
+	if st := c.Stats(); st.NodeHits.Load() != 1 || st.Misses.Load() != 0 {
+		t.Fatalf("the first read: %d node hits, %d misses; want the node's hit", st.NodeHits.Load(), st.Misses.Load())
+	}
+	write := func(sql string) {
+		t.Helper()
+		rw, err := c.BeginRW(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rw.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+		if err := rw.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hits := 0
+	for deadline := time.Now().Add(20 * time.Second); hits < 3; {
+		if time.Now().After(deadline) {
+			st := c.Stats()
+			t.Fatalf("%d of the reads right after a write to another account hit the L1 in 20 s (%d node lookups, %d node hits, %d misses): the L1 kept the node's hit only for the interval the node proved",
+				hits, st.NodeLookups.Load(), st.NodeHits.Load(), st.Misses.Load())
+		}
+		write("UPDATE accounts SET balance = balance + 1 WHERE id = 2")
+		before := c.Stats().L1Hits.Load()
+		if b := readInt(t, ctx, c, 0, readBalance, 1); b != 100 {
+			t.Fatalf("balance %d, want 100", b)
+		}
+		if c.Stats().L1Hits.Load() > before {
+			hits++
+		}
+	}
+	if m := c.Stats().Misses.Load(); m != 0 {
+		t.Fatalf("%d reads of the account went to PostgreSQL: the L1 did not keep the node's hit, and the node could not serve the newer timestamp at once", m)
+	}
+	// A write to the account itself ends the L1's version: the writer
+	// sees it at once.
+	write("UPDATE accounts SET balance = balance + 7 WHERE id = 1")
+	if b := readInt(t, ctx, c, 0, readBalance, 1); b != 107 {
+		t.Fatalf("after my own write the balance is %d, want 107", b)
+	}
+}
