@@ -381,6 +381,34 @@ func TestSnapshotConsistencyReadsBeforePlacement(t *testing.T) {
 	}
 }
 
+// TestSnapshotConsistencyL1WithAPeer: another application server's
+// results reach the client's L1 as the cache-node's hits, which the L1
+// then follows and serves at later timestamps (keepNodeHit): the history
+// must hold for both servers' reads.
+func TestSnapshotConsistencyL1WithAPeer(t *testing.T) {
+	var c *Client
+	violations, reads := transfersAndReadsWith(t, 8<<20, historyRun{
+		client: func(t *testing.T, s *stack, l1 int64) *Client {
+			c = s.client(t, l1)
+			return c
+		},
+		peer: func(t *testing.T, s *stack) *Client { return s.client(t, 0) },
+	})
+	for i, v := range violations {
+		if i < 5 {
+			t.Log(v)
+		}
+	}
+	if len(violations) > 0 {
+		t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
+	}
+	st := c.Stats()
+	if st.NodeHits.Load() == 0 || st.L1Hits.Load() == 0 {
+		t.Fatalf("%d node hits and %d L1 hits: the L1 fed by the node went unchecked", st.NodeHits.Load(), st.L1Hits.Load())
+	}
+	t.Logf("0 violations in %d read-only transactions; the L1 client: %d node hits, %d L1 hits", reads, st.NodeHits.Load(), st.L1Hits.Load())
+}
+
 func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {
 	return transfersAndReadsWith(t, l1, historyRun{})
 }
@@ -396,6 +424,10 @@ type historyRun struct {
 	// client, when set, opens the readers' client (by default s.client,
 	// on the stack's cache-node).
 	client func(t *testing.T, s *stack, l1 int64) *Client
+	// peer, when set, opens a second application server's client on the
+	// same cache-node: one of the three readers reads through it (its
+	// results reach the first client's L1 as the node's hits).
+	peer func(t *testing.T, s *stack) *Client
 }
 
 // pause waits d, or less if ctx ends first (then it reports false).
@@ -430,6 +462,16 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 		c = hr.client(t, s, l1)
 	} else {
 		c = s.client(t, l1)
+	}
+	readerClient := func(int) *Client { return c }
+	if hr.peer != nil {
+		peer := hr.peer(t, s)
+		readerClient = func(rd int) *Client {
+			if rd == 2 {
+				return peer
+			}
+			return c
+		}
 	}
 	rec, err := history.StartRecorder(context.Background(), s.url, "accounts")
 	if err != nil {
@@ -562,6 +604,7 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 	subsets := [][]int{{1, 2}, {2, 3, 4}, {1, 2, 3, 4}, {4, 1}}
 	for rd := 0; rd < 3; rd++ {
 		wg.Add(1)
+		c := readerClient(rd)
 		go func(seed int64) {
 			defer wg.Done()
 			r := rand.New(rand.NewSource(seed))
