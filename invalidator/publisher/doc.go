@@ -16,7 +16,10 @@
 // Messages are handed to NATS without waiting: each asks for its own
 // acknowledgement, and the acknowledgements are counted and awaited all
 // at once, before each heartbeat (and after at most maxPending messages,
-// when a catch-up backlog holds no heartbeat).
+// when a catch-up backlog holds no heartbeat). The heartbeater does that
+// waiting and publishes the heartbeats, off the replication loop, which
+// hands each heartbeat over with the mark of the last message before it
+// and goes on decoding (heartbeater.go).
 //
 // A message too large for NATS (a tag holding a value of megabytes) is
 // replaced by a flush of its tables rather than stop the stream.
