@@ -16,19 +16,7 @@ func TestL1ServesReadsAfterLaterWrites(t *testing.T) {
 	s := startStack(t)
 	c := s.open(t, s.url, nil, 8<<20) // no cache-node: a hit is the L1's
 	ctx := context.Background()
-	write := func(sql string) {
-		t.Helper()
-		rw, err := c.BeginRW(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := rw.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(sql string) { t.Helper(); execRW(t, ctx, c, sql) }
 	read := func(ctx context.Context) int { t.Helper(); return readInt(t, ctx, c, 0, readBalance, 1) }
 	if b := read(ctx); b != 100 {
 		t.Fatalf("balance %d", b)
@@ -96,19 +84,7 @@ func TestL1KeepsNodeHitsOpen(t *testing.T) {
 	if st := c.Stats(); st.NodeHits.Load() != 1 || st.Misses.Load() != 0 {
 		t.Fatalf("the first read: %d node hits, %d misses; want the node's hit", st.NodeHits.Load(), st.Misses.Load())
 	}
-	write := func(sql string) {
-		t.Helper()
-		rw, err := c.BeginRW(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := rw.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(sql string) { t.Helper(); execRW(t, ctx, c, sql) }
 	hits := 0
 	for deadline := time.Now().Add(20 * time.Second); hits < 3; {
 		if time.Now().After(deadline) {
@@ -133,5 +109,20 @@ func TestL1KeepsNodeHitsOpen(t *testing.T) {
 	write("UPDATE accounts SET balance = balance + 7 WHERE id = 1")
 	if b := readInt(t, ctx, c, 0, readBalance, 1); b != 107 {
 		t.Fatalf("after my own write the balance is %d, want 107", b)
+	}
+}
+
+// execRW runs sql in a read/write transaction of c and commits.
+func execRW(t *testing.T, ctx context.Context, c *Client, sql string) {
+	t.Helper()
+	rw, err := c.BeginRW(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rw.Exec(ctx, sql); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Commit(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
