@@ -42,12 +42,13 @@ import (
 // conformance suite (OutOfOrder) and the node's TestOutOfOrderAfterReconnect
 // fail deterministically on it.
 func TestHistoryUnderFaults(t *testing.T) {
+	const mustShowRuns = 5
 	orderDependent := func(on bool) { store.OrderDependentForTest.Store(on) }
 	for _, sc := range []struct {
 		name string
 		hr   func(t *testing.T) historyRun
 		// broken, when set, restores the bug the schedule is for; mustShow:
-		// the broken run must find violations (it does every time).
+		// the broken run must find violations (in one of mustShowRuns runs).
 		broken   func(bool)
 		mustShow bool
 	}{
@@ -71,9 +72,19 @@ func TestHistoryUnderFaults(t *testing.T) {
 					defer sc.broken(false)
 				}
 				violations, reads := transfersAndReadsWith(t, 0, sc.hr(t))
+				// A broken run that must show its bug gets up to
+				// mustShowRuns runs: a reader must land in the fault's
+				// stale interval (l1-NATS-cut: between the client's
+				// reconnection bringing new pins and its L1 ending what it
+				// missed), which a 3 s run under the race detector on a
+				// slow machine misses about one time in four.
+				for try := 2; broken && sc.mustShow && len(violations) == 0 && try <= mustShowRuns; try++ {
+					t.Logf("the broken run passed %d transactions under %s: run %d of %d", reads, sc.name, try, mustShowRuns)
+					violations, reads = transfersAndReadsWith(t, 0, sc.hr(t))
+				}
 				if broken && len(violations) == 0 {
 					if sc.mustShow {
-						t.Fatalf("the broken run passed %d transactions under %s: the schedule cannot show the bug", reads, sc.name)
+						t.Fatalf("the broken run passed %d transactions under %s in each of %d runs: the schedule cannot show the bug", reads, sc.name, mustShowRuns)
 					}
 					// Not every run catches it: the stale interval is only
 					// as long as the fault, and a reader must land in it
