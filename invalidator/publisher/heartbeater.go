@@ -70,19 +70,8 @@ func (h *heartbeater) ask(r hbRequest) {
 		return
 	}
 	h.confirmAsked = max(h.confirmAsked, r.confirm)
-	if r.through < h.req.through {
-		r.through = h.req.through
-	}
-	if r.confirm < h.req.confirm {
-		r.confirm = h.req.confirm
-	}
-	if r.cut < h.req.cut {
-		r.cut = h.req.cut
-	}
-	h.req = r
-	if r.through > h.asked.Load() {
-		h.asked.Store(r.through)
-	}
+	h.req = hbRequest{through: max(r.through, h.req.through), cut: max(r.cut, h.req.cut), confirm: max(r.confirm, h.req.confirm)}
+	h.asked.Store(max(h.asked.Load(), h.req.through))
 	h.mu.Unlock()
 	select {
 	case h.kick <- struct{}{}:

@@ -262,9 +262,6 @@ func (a *ackPublisher) reset() {
 	a.mu.Unlock()
 }
 
-// spendLocked spends every message published so far.
-func (a *ackPublisher) spendLocked() { a.spendThroughLocked(a.seq) }
-
 // spendThroughLocked forgets the messages up to cut: their late replies
 // are ignored, and a refusal among them no longer counts.
 func (a *ackPublisher) spendThroughLocked(cut uint64) {

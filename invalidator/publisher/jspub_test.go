@@ -249,7 +249,7 @@ func TestAckPublisherCountsEachMessageOnce(t *testing.T) {
 	default:
 		t.Fatal("every message answered, but the wait goes on")
 	}
-	a.spendLocked()
+	a.reset()
 	if a.acked != 0 || len(a.answered) != 0 {
 		t.Fatalf("after spending: %d acked, %d words", a.acked, len(a.answered))
 	}

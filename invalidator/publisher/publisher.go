@@ -665,7 +665,6 @@ func (p *Publisher) receive(ctx context.Context, repl *pgconn.PgConn) error {
 	var deadline time.Time
 	for {
 		if err := p.hbs.failed(); err != nil {
-			p.confirmSent(ctx, repl)
 			return err
 		}
 		if time.Since(p.lastSent) >= statusEvery || p.confirmed.Load() > p.sentPos {
@@ -690,7 +689,6 @@ func (p *Publisher) receive(ctx context.Context, repl *pgconn.PgConn) error {
 		raw, err := repl.ReceiveMessage(context.Background())
 		if err != nil {
 			if hbErr := p.hbs.failed(); hbErr != nil {
-				p.confirmSent(ctx, repl)
 				return hbErr
 			}
 			if ctx.Err() != nil {
@@ -1196,15 +1194,13 @@ func (p *Publisher) heartbeatSoon(through uint64, resume pglogrepl.LSN) {
 // itself: after the heartbeater's, it waits for JetStream to acknowledge
 // every message so far, publishes the heartbeat saying every commit at or
 // before through is published, and confirms resume to the slot (when not
-// 0). A catch-up past maxPending messages and a new slot's flush wait so.
+// 0). A catch-up past maxPending messages waits so, to bound what is
+// unacknowledged.
 func (p *Publisher) heartbeat(ctx context.Context, through uint64, resume pglogrepl.LSN) error {
 	if err := p.hbs.drain(); err != nil {
 		return err
 	}
-	if err := p.publishHeartbeat(ctx, hbRequest{through: through, cut: p.acks.mark(), confirm: uint64(resume)}); err != nil {
-		return err
-	}
-	return nil
+	return p.publishHeartbeat(ctx, hbRequest{through: through, cut: p.acks.mark(), confirm: uint64(resume)})
 }
 
 // publishHeartbeat waits for JetStream to acknowledge every message up to
