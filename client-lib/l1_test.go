@@ -2,6 +2,7 @@ package larder
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 )
@@ -124,5 +125,77 @@ func execRW(t *testing.T, ctx context.Context, c *Client, sql string) {
 	}
 	if err := rw.Commit(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestL1KeepsNodeHitsOpenThroughDatabaseSQL: the same through the driver,
+// as an application uses it. Another application server (its own DSN, no
+// L1) puts the result on the node; this one's first read is the node's
+// hit, and its reads right after its own writes elsewhere then hit its L1
+// and never reach PostgreSQL.
+func TestL1KeepsNodeHitsOpenThroughDatabaseSQL(t *testing.T) {
+	s := startStack(t)
+	ctx := context.Background()
+	read := func(db *sql.DB) int {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Commit()
+		var bal int
+		if err := tx.QueryRowContext(ctx, readBalance, 1).Scan(&bal); err != nil {
+			t.Fatal(err)
+		}
+		return bal
+	}
+	stats := func(dsn string) *Stats {
+		t.Helper()
+		st, ok := DriverStats(dsn)
+		if !ok {
+			t.Fatal("no driver statistics")
+		}
+		return st
+	}
+	peerDSN := s.dsn("application_name=peer")
+	peer := openDB(t, DriverName, peerDSN)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if b := read(peer); b != 100 {
+			t.Fatalf("the other server reads balance %d", b)
+		}
+		if stats(peerDSN).NodeHits.Load() > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the node never served the result put on it")
+		}
+	}
+	dsn := s.dsn("larder.l1=1048576")
+	db := openDB(t, DriverName, dsn)
+	if b := read(db); b != 100 {
+		t.Fatalf("balance %d", b)
+	}
+	if st := stats(dsn); st.NodeHits.Load() != 1 || st.Misses.Load() != 0 {
+		t.Fatalf("the first read: %d node hits, %d misses; want the node's hit", st.NodeHits.Load(), st.Misses.Load())
+	}
+	hits := 0
+	for deadline := time.Now().Add(20 * time.Second); hits < 3; {
+		if time.Now().After(deadline) {
+			st := stats(dsn)
+			t.Fatalf("%d of the reads right after a write to another account hit the L1 in 20 s (%d node hits, %d misses)", hits, st.NodeHits.Load(), st.Misses.Load())
+		}
+		if _, err := db.ExecContext(ctx, "UPDATE accounts SET balance = balance + 1 WHERE id = 2"); err != nil {
+			t.Fatal(err)
+		}
+		before := stats(dsn).L1Hits.Load()
+		if b := read(db); b != 100 {
+			t.Fatalf("balance %d, want 100", b)
+		}
+		if stats(dsn).L1Hits.Load() > before {
+			hits++
+		}
+	}
+	if m := stats(dsn).Misses.Load(); m != 0 {
+		t.Fatalf("%d reads of the account went to PostgreSQL: the L1 did not keep the node's hit", m)
 	}
 }
