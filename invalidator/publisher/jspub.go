@@ -32,9 +32,10 @@ type ackPublisher struct {
 	prefix string // reply subjects are prefix + a decimal sequence number
 
 	// reused for every message: nats.Conn.PublishMsg copies what it sends
-	msg   nats.Msg
-	msgID []string // the Nats-Msg-Id header's value
-	reply []byte
+	msg    nats.Msg
+	msgID  []string    // the Nats-Msg-Id header's value
+	header nats.Header // holding msgID: the header of a message with an id
+	reply  []byte
 
 	mu    sync.Mutex
 	seq   uint64 // the last sequence number used
@@ -60,7 +61,7 @@ type ackPublisher struct {
 // newAckPublisher subscribes to the replies of a new inbox on nc.
 func newAckPublisher(nc *nats.Conn) (*ackPublisher, error) {
 	a := &ackPublisher{nc: nc, prefix: nc.NewInbox() + ".", msgID: make([]string, 1)}
-	a.msg.Header = nats.Header{jetstream.MsgIDHeader: a.msgID}
+	a.header = nats.Header{jetstream.MsgIDHeader: a.msgID}
 	sub, err := nc.Subscribe(a.prefix+"*", a.onReply)
 	if err != nil {
 		return nil, fmt.Errorf("publisher: subscribe to JetStream's acknowledgements: %w", err)
@@ -78,7 +79,8 @@ func newAckPublisher(nc *nats.Conn) (*ackPublisher, error) {
 	return a, nil
 }
 
-// publish sends data on subject with message id msgID, asking for an
+// publish sends data on subject with message id msgID ("": none, so
+// JetStream neither looks for nor remembers one), asking for an
 // acknowledgement.
 func (a *ackPublisher) publish(subject, msgID string, data []byte) error {
 	a.mu.Lock()
@@ -89,7 +91,11 @@ func (a *ackPublisher) publish(subject, msgID string, data []byte) error {
 	seq := a.seq
 	a.mu.Unlock()
 	a.reply = strconv.AppendUint(append(a.reply[:0], a.prefix...), seq, 10)
-	a.msgID[0] = msgID
+	a.msg.Header = nil
+	if msgID != "" {
+		a.msgID[0] = msgID
+		a.msg.Header = a.header
+	}
 	a.msg.Subject, a.msg.Reply, a.msg.Data = subject, string(a.reply), data
 	err := a.nc.PublishMsg(&a.msg)
 	a.msg.Data = nil

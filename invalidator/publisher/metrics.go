@@ -23,6 +23,9 @@ type metrics struct {
 	// registeredSets: the sets registered at run time, in all.
 	registrations  *prometheus.CounterVec
 	registeredSets prometheus.Gauge
+	// storedSkipped: messages a resumed session did not publish, found
+	// stored by an earlier one (stored.go).
+	storedSkipped prometheus.Counter
 }
 
 // slotStatuses are the values of pg_replication_slots.wal_status (and
@@ -50,6 +53,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		identity:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_replica_identity_problems", Help: "Published tables whose replica identity is a problem: no_identity (PostgreSQL refuses their UPDATEs and DELETEs), tag_columns (it lacks tag columns: each change flushes the table)."}, []string{"problem"}),
 		registrations:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_tag_set_registrations_total", Help: "Tag column sets registered at run time, by outcome: registered (published from the registration's commit LSN, announced by an epoch), not_stored (the KV bucket did not take it: not published)."}, []string{"outcome"}),
 		registeredSets:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_registered_tag_sets", Help: "Tag column sets registered at run time and published (kept in the JetStream KV bucket <PREFIX>_TAGSETS)."}),
+		storedSkipped:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_stored_messages_skipped_total", Help: "Messages of commits a session decoded again after a restart and did not publish: the stream held them already (at or before its last heartbeat, or found past it when the session read the stream back)."}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "larder_invalidator_publish_latency_seconds",
 			Help:    "Commit (PostgreSQL's commit time) to hand-off to NATS.",
@@ -70,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.nudges, m.keepaliveHeartbeats, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency,
-			m.slotsCreated, m.slotStatus, m.slotRetained, m.slotSafe, m.oversized, m.identity, m.registrations, m.registeredSets)
+			m.slotsCreated, m.slotStatus, m.slotRetained, m.slotSafe, m.oversized, m.identity, m.registrations, m.registeredSets, m.storedSkipped)
 	}
 	return m
 }

@@ -176,6 +176,10 @@ type Publisher struct {
 	walEnd    pglogrepl.LSN
 	buf       []byte
 	enc       encoder
+	// stored is what the stream held of the session's commits at its
+	// start (stored.go); newSlot: the session created its slot.
+	stored  storedTail
+	newSlot bool
 }
 
 // New checks the configuration.
@@ -275,6 +279,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	p.regs = p.regs[:0]
 	p.lastSent = time.Time{}
 	p.relations = map[uint32]*relation{}
+	p.stored, p.newSlot = allIDs, false
 
 	start, err := p.ensureSlot(ctx, conn, repl)
 	if err != nil {
@@ -291,6 +296,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	p.confirmed.Store(uint64(start))
 	if err := p.publishEpoch(ctx, uint64(start)); err != nil {
+		return err
+	}
+	if err := p.readStored(ctx, conn); err != nil {
 		return err
 	}
 	cfg.Log.Info("replicating", "slot", cfg.Slot, "publication", cfg.Publication, "from", start.String(), "tables", len(p.tables))
@@ -428,6 +436,7 @@ func (p *Publisher) ensureSlot(ctx context.Context, conn *pgx.Conn, repl *pgconn
 		return 0, fmt.Errorf("publisher: slot consistent point: %w", err)
 	}
 	p.m.slotsCreated.WithLabelValues(reason).Inc()
+	p.newSlot = true
 	// The slot decodes the commits after its consistent point: the catalog
 	// to start from is the one read now (a schema change made since the
 	// start-up read is in neither).
@@ -529,6 +538,40 @@ func (p *Publisher) publishEpoch(ctx context.Context, start uint64) error {
 	if err := p.acks.awaitAll(ctx, ackTimeout); err != nil {
 		return fmt.Errorf("publisher: epoch: %w", err)
 	}
+	return nil
+}
+
+// readStored finds out what earlier sessions stored of what this one
+// will decode (stored.go). A scan that fails or reads too much leaves
+// every message with an id.
+func (p *Publisher) readStored(ctx context.Context, conn *pgx.Conn) error {
+	var w string
+	p.connMu.Lock()
+	err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&w)
+	p.connMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("publisher: WAL position: %w", err)
+	}
+	wal, err := pglogrepl.ParseLSN(w)
+	if err != nil {
+		return fmt.Errorf("publisher: WAL position %q: %w", w, err)
+	}
+	began := time.Now()
+	tail, err := p.scanStored(ctx, uint64(wal), p.newSlot)
+	switch {
+	case errors.Is(err, errScanLimit):
+		p.cfg.Log.Warn("publisher: the stream holds too much past its last heartbeat to read back; this session's republished messages carry ids", "limit", storedScanLimit)
+		tail = storedTail{idsThrough: uint64(wal)}
+	case err != nil:
+		if ctx.Err() != nil {
+			return err
+		}
+		p.cfg.Log.Warn("publisher: could not read the stream back; this session's republished messages carry ids", "err", err)
+		tail = storedTail{idsThrough: uint64(wal)}
+	}
+	p.stored = tail
+	p.cfg.Log.Debug("read the stream back", "heartbeat", pglogrepl.LSN(tail.heartbeat).String(),
+		"stored_past_it", len(tail.past), "ids_through", wal.String(), "took", time.Since(began))
 	return nil
 }
 
@@ -992,13 +1035,19 @@ func (p *Publisher) publish(txn *invalidation.Txn, changes []invalidation.Change
 			return fmt.Errorf("publisher: a flush at %X does not fit in a message of %d bytes", txn.CommitLSN, limit)
 		}
 	}
+	sent := 0
 	for _, m := range msgs {
-		p.buf = appendMsgID(p.buf[:0], txn.CommitLSN, m.subject)
+		var skip bool
+		if p.buf, skip = p.stored.msgID(p.buf, txn.CommitLSN, m.subject); skip {
+			p.m.storedSkipped.Inc()
+			continue
+		}
 		if err := p.acks.publish(m.subject, string(p.buf), p.enc.data[m.start:m.end]); err != nil {
 			return fmt.Errorf("publisher: publish %s: %w", m.subject, err)
 		}
+		sent++
 	}
-	p.m.messages.Add(float64(len(msgs)))
+	p.m.messages.Add(float64(sent))
 	p.m.tags.Add(float64(len(changes)))
 	return nil
 }

@@ -1,0 +1,160 @@
+package publisher
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/larderdb/larder/internal/invalidation"
+)
+
+// A session that ends after its messages were stored but before a
+// heartbeat covered them (so before its slot was confirmed past them)
+// leaves them to the next session, which decodes them again. The next
+// session finds them in the stream and does not publish them again,
+// though they carry no message id; the commits after its start go out
+// without one.
+func TestResumeSkipsWhatTheStreamHolds(t *testing.T) {
+	h := newHarness(t, "CREATE TABLE rs (id int PRIMARY KEY, v int)")
+	// The first session publishes on a connection of its own, closed to
+	// end it: nothing it holds back can reach the stream afterwards.
+	nc1, err := nats.Connect(h.nc.ConnectedUrl(), nats.ReconnectBufSize(-1), nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc1.Close)
+	cfg := h.config()
+	cfg.NATS = nc1
+	cfg.Heartbeat = time.Hour // only the heartbeats writes ask for
+	h.start(cfg)
+
+	// Every heartbeat from now on waits until the session has lost NATS.
+	release := make(chan struct{})
+	hook := func() { <-release }
+	beforeHeartbeatForTest.Store(&hook)
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(func() { releaseOnce(); beforeHeartbeatForTest.Store(nil) })
+
+	const writes = 5
+	commits := map[uint64]bool{}
+	var last uint64
+	for i := 1; i <= writes; i++ {
+		last = uint64(h.exec(fmt.Sprintf("INSERT INTO rs VALUES (%d, %d)", i, i)))
+	}
+	timeout := time.After(30 * time.Second)
+	for len(commits) < writes {
+		select {
+		case m := <-h.msgs:
+			if m.Heartbeat != nil {
+				t.Fatalf("a heartbeat through %X came while heartbeats were held", m.Heartbeat.LSN)
+			}
+			commits[m.Txn.CommitLSN] = true
+		case <-timeout:
+			t.Fatalf("the writes' invalidations did not come: %d of %d", len(commits), writes)
+		}
+	}
+	confirmedBefore := h.slotConfirmed()
+	nc1.Close()
+	releaseOnce()
+	_ = h.stop() // an error (NATS lost), or none if the stop came first
+	beforeHeartbeatForTest.Store(nil)
+	if c := h.slotConfirmed(); uint64(c) >= last-1 {
+		t.Fatalf("the slot was confirmed at %s, past the writes (through %X; %s before): nothing to decode again", c, last, confirmedBefore)
+	}
+
+	reg := prometheus.NewRegistry()
+	cfg2 := h.config()
+	cfg2.Metrics = reg
+	s2 := h.startPublisher(cfg2)
+	h.collectThrough(h.walLSN()) // the second session is under way
+	after := h.exec("INSERT INTO rs VALUES (100, 100)")
+	h.collectThrough(after)
+	if err := s2.stop(); err != nil {
+		t.Fatalf("second session: %v", err)
+	}
+
+	js, err := jetstream.New(h.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	stream, err := js.Stream(ctx, invalidation.StreamName(h.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copies := map[storedKey]int{}
+	newCommit := uint64(0)
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		raw, err := stream.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("message %d: %v", seq, err)
+		}
+		if raw.Subject == invalidation.EpochSubject(h.prefix) || raw.Subject == invalidation.HeartbeatSubject(h.prefix) {
+			continue
+		}
+		m, err := invalidation.Decode(raw.Data)
+		if err != nil || m.Txn == nil {
+			t.Fatalf("message %d on %s: %v", seq, raw.Subject, err)
+		}
+		copies[storedKey{m.Txn.CommitLSN, raw.Subject}]++
+		if m.Txn.CommitLSN > last {
+			newCommit = m.Txn.CommitLSN
+			if id := raw.Header.Get(jetstream.MsgIDHeader); id != "" {
+				t.Errorf("message %d, of a commit after the second session started, carries the id %q", seq, id)
+			}
+		}
+	}
+	for k, n := range copies {
+		if n != 1 {
+			t.Errorf("commit %X is stored %d times on %s", k.lsn, n, k.subject)
+		}
+	}
+	if newCommit == 0 {
+		t.Error("the write after the second session started is not in the stream")
+	}
+	skipped := counterValue(t, reg, "larder_invalidator_stored_messages_skipped_total")
+	if skipped < writes {
+		t.Errorf("the second session skipped %.0f messages; the %d writes it decoded again were stored", skipped, writes)
+	}
+	t.Logf("slot confirmed at %s; second session skipped %.0f stored messages; %d (commit, subject) messages in the stream", confirmedBefore, skipped, len(copies))
+}
+
+// msgID: skipped at or before the heartbeat and where found stored, an id
+// up to idsThrough, none past it.
+func TestStoredTailMsgID(t *testing.T) {
+	tail := storedTail{heartbeat: 100, past: map[storedKey]bool{{150, "p.inv.a"}: true}, idsThrough: 200}
+	for _, c := range []struct {
+		lsn     uint64
+		subject string
+		skip    bool
+		id      string
+	}{
+		{50, "p.inv.a", true, ""},
+		{100, "p.inv.b", true, ""},
+		{150, "p.inv.a", true, ""},
+		{150, "p.inv.b", false, "96/b"},
+		{200, "p.inv.a", false, "C8/a"},
+		{201, "p.inv.a", false, ""},
+	} {
+		id, skip := tail.msgID(nil, c.lsn, c.subject)
+		if skip != c.skip || (!skip && string(id) != c.id) {
+			t.Errorf("%X on %s: skip %v, id %q; want %v, %q", c.lsn, c.subject, skip, id, c.skip, c.id)
+		}
+	}
+	for _, lsn := range []uint64{0, 1, math.MaxUint64} {
+		if id, skip := allIDs.msgID(nil, lsn, "p.inv.x"); skip || string(id) != invalidation.MsgID(lsn, "p.inv.x") {
+			t.Errorf("before the scan, %X: skip %v, id %q", lsn, skip, id)
+		}
+	}
+}
