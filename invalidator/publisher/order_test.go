@@ -583,8 +583,8 @@ func TestCommitOrderUnderConcurrentWriters(t *testing.T) {
 
 // A publisher cancelled in the middle of a burst, and a new one started on
 // the same slot, publication and subjects while the writers go on, publish
-// every committed transaction; what the second republishes the stream
-// de-duplicates by message id.
+// every committed transaction; what the second decodes again and the
+// stream holds, it does not publish again (stored.go).
 func TestCrashResumeInProcess(t *testing.T) {
 	h := newHarness(t, ordDDL)
 	cfg := h.config()
@@ -638,8 +638,8 @@ func TestCrashResumeInProcess(t *testing.T) {
 	if n2 == 0 || first2 < uint64(resumedAt) {
 		t.Errorf("second publisher decoded %d commits from %X; the slot was confirmed at %s", n2, first2, resumedAt)
 	}
-	// Messages of the transactions both publishers decoded: sent twice,
-	// stored once unless the de-duplication failed.
+	// Messages of the transactions both publishers decoded: stored once
+	// unless the second publisher's reading back of the stream failed.
 	overlap := 0
 	for _, m := range msgs {
 		if m.Txn != nil && m.Txn.CommitLSN >= first2 && m.Txn.CommitLSN <= last1 {
@@ -650,7 +650,7 @@ func TestCrashResumeInProcess(t *testing.T) {
 	sent2 := counterValue(t, reg2, "larder_invalidator_messages_total")
 	t.Logf("first publisher: %d commits %X..%X, %.0f messages sent; slot confirmed at %s when stopped", n1, first1, last1, sent1, resumedAt)
 	t.Logf("second publisher: %d commits %X..%X, %.0f messages sent", n2, first2, last2, sent2)
-	t.Logf("stream: %d transaction messages stored (%d transactions), %d heartbeats; %d messages were republished, %.0f sent in all were not stored (de-duplicated), %d stored twice",
+	t.Logf("stream: %d transaction messages stored (%d transactions), %d heartbeats; %d messages of commits both decoded, %.0f sent in all were not stored (de-duplicated by id), %d stored twice",
 		st.txnMsgs, st.txns, st.heartbeats, overlap, sent1+sent2-float64(st.txnMsgs), st.duplicates)
 	t.Logf("%d transactions committed, %d rolled back", len(w.committed), len(w.aborted))
 }

@@ -298,7 +298,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if err := p.publishEpoch(ctx, uint64(start)); err != nil {
 		return err
 	}
-	if err := p.readStored(ctx, conn); err != nil {
+	if err := p.readStored(ctx, conn, uint64(start)); err != nil {
 		return err
 	}
 	cfg.Log.Info("replicating", "slot", cfg.Slot, "publication", cfg.Publication, "from", start.String(), "tables", len(p.tables))
@@ -544,7 +544,7 @@ func (p *Publisher) publishEpoch(ctx context.Context, start uint64) error {
 // readStored finds out what earlier sessions stored of what this one
 // will decode (stored.go). A scan that fails or reads too much leaves
 // every message with an id.
-func (p *Publisher) readStored(ctx context.Context, conn *pgx.Conn) error {
+func (p *Publisher) readStored(ctx context.Context, conn *pgx.Conn, start uint64) error {
 	var w string
 	p.connMu.Lock()
 	err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&w)
@@ -557,10 +557,10 @@ func (p *Publisher) readStored(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("publisher: WAL position %q: %w", w, err)
 	}
 	began := time.Now()
-	tail, err := p.scanStored(ctx, uint64(wal), p.newSlot)
+	tail, err := p.scanStored(ctx, start, uint64(wal), p.newSlot)
 	switch {
 	case errors.Is(err, errScanLimit):
-		p.cfg.Log.Warn("publisher: the stream holds too much past its last heartbeat to read back; this session's republished messages carry ids", "limit", storedScanLimit)
+		p.cfg.Log.Warn("publisher: the stream holds too much to read back; this session's republished messages carry ids", "limit", storedScanLimit)
 		tail = storedTail{idsThrough: uint64(wal)}
 	case err != nil:
 		if ctx.Err() != nil {
@@ -570,8 +570,8 @@ func (p *Publisher) readStored(ctx context.Context, conn *pgx.Conn) error {
 		tail = storedTail{idsThrough: uint64(wal)}
 	}
 	p.stored = tail
-	p.cfg.Log.Debug("read the stream back", "heartbeat", pglogrepl.LSN(tail.heartbeat).String(),
-		"stored_past_it", len(tail.past), "ids_through", wal.String(), "took", time.Since(began))
+	p.cfg.Log.Debug("read the stream back", "from", pglogrepl.LSN(start).String(), "stored", len(tail.stored),
+		"ids_through", pglogrepl.LSN(tail.idsThrough).String(), "took", time.Since(began))
 	return nil
 }
 

@@ -20,9 +20,15 @@ import (
 // leaves them to the next session, which decodes them again. The next
 // session finds them in the stream and does not publish them again,
 // though they carry no message id; the commits after its start go out
-// without one.
+// without one. A next session with one more tag column set publishes
+// that set's messages of those commits: only what is stored is skipped.
 func TestResumeSkipsWhatTheStreamHolds(t *testing.T) {
-	h := newHarness(t, "CREATE TABLE rs (id int PRIMARY KEY, v int)")
+	t.Run("same sets", func(t *testing.T) { resumeSkipsStored(t, false) })
+	t.Run("one more set", func(t *testing.T) { resumeSkipsStored(t, true) })
+}
+
+func resumeSkipsStored(t *testing.T, moreSets bool) {
+	h := newHarness(t, "CREATE TABLE rs (id int PRIMARY KEY, v int); ALTER TABLE rs REPLICA IDENTITY FULL")
 	// The first session publishes on a connection of its own, closed to
 	// end it: nothing it holds back can reach the stream afterwards.
 	nc1, err := nats.Connect(h.nc.ConnectedUrl(), nats.ReconnectBufSize(-1), nats.NoReconnect())
@@ -33,6 +39,7 @@ func TestResumeSkipsWhatTheStreamHolds(t *testing.T) {
 	cfg := h.config()
 	cfg.NATS = nc1
 	cfg.Heartbeat = time.Hour // only the heartbeats writes ask for
+	cfg.TagColumns = map[string][][]string{"public.rs": {{"id"}}}
 	h.start(cfg)
 
 	// Every heartbeat from now on waits until the session has lost NATS.
@@ -72,6 +79,10 @@ func TestResumeSkipsWhatTheStreamHolds(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg2 := h.config()
 	cfg2.Metrics = reg
+	cfg2.TagColumns = cfg.TagColumns
+	if moreSets {
+		cfg2.TagColumns = map[string][][]string{"public.rs": {{"id"}, {"v"}}}
+	}
 	s2 := h.startPublisher(cfg2)
 	h.collectThrough(h.walLSN()) // the second session is under way
 	after := h.exec("INSERT INTO rs VALUES (100, 100)")
@@ -94,6 +105,7 @@ func TestResumeSkipsWhatTheStreamHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	copies := map[storedKey]int{}
+	subjects := map[uint64]int{} // of each write decoded twice
 	newCommit := uint64(0)
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
 		raw, err := stream.GetMsg(ctx, seq)
@@ -107,7 +119,10 @@ func TestResumeSkipsWhatTheStreamHolds(t *testing.T) {
 		if err != nil || m.Txn == nil {
 			t.Fatalf("message %d on %s: %v", seq, raw.Subject, err)
 		}
-		copies[storedKey{m.Txn.CommitLSN, raw.Subject}]++
+		k := storedKey{m.Txn.CommitLSN, raw.Subject}
+		if copies[k]++; copies[k] == 1 && commits[k.lsn] {
+			subjects[k.lsn]++
+		}
 		if m.Txn.CommitLSN > last {
 			newCommit = m.Txn.CommitLSN
 			if id := raw.Header.Get(jetstream.MsgIDHeader); id != "" {
@@ -123,6 +138,15 @@ func TestResumeSkipsWhatTheStreamHolds(t *testing.T) {
 	if newCommit == 0 {
 		t.Error("the write after the second session started is not in the stream")
 	}
+	want := 2 // the table tag, the id tag
+	if moreSets {
+		want = 3 // and the new set's tag, published by the second session
+	}
+	for lsn := range commits {
+		if subjects[lsn] != want {
+			t.Errorf("commit %X is stored on %d subjects; want %d", lsn, subjects[lsn], want)
+		}
+	}
 	skipped := counterValue(t, reg, "larder_invalidator_stored_messages_skipped_total")
 	if skipped < writes {
 		t.Errorf("the second session skipped %.0f messages; the %d writes it decoded again were stored", skipped, writes)
@@ -130,19 +154,18 @@ func TestResumeSkipsWhatTheStreamHolds(t *testing.T) {
 	t.Logf("slot confirmed at %s; second session skipped %.0f stored messages; %d (commit, subject) messages in the stream", confirmedBefore, skipped, len(copies))
 }
 
-// msgID: skipped at or before the heartbeat and where found stored, an id
-// up to idsThrough, none past it.
+// msgID: skipped where found stored, an id up to idsThrough, none past it.
 func TestStoredTailMsgID(t *testing.T) {
-	tail := storedTail{heartbeat: 100, past: map[storedKey]bool{{150, "p.inv.a"}: true}, idsThrough: 200}
+	tail := storedTail{stored: map[storedKey]bool{{150, "p.inv.a"}: true, {250, "p.inv.a"}: true}, idsThrough: 200}
 	for _, c := range []struct {
 		lsn     uint64
 		subject string
 		skip    bool
 		id      string
 	}{
-		{50, "p.inv.a", true, ""},
-		{100, "p.inv.b", true, ""},
 		{150, "p.inv.a", true, ""},
+		{250, "p.inv.a", true, ""},
+		{100, "p.inv.a", false, "64/a"},
 		{150, "p.inv.b", false, "96/b"},
 		{200, "p.inv.a", false, "C8/a"},
 		{201, "p.inv.a", false, ""},
