@@ -560,7 +560,7 @@ func (p *Publisher) readStored(ctx context.Context, conn *pgx.Conn, start uint64
 	tail, err := p.scanStored(ctx, start, uint64(wal), p.newSlot)
 	switch {
 	case errors.Is(err, errScanLimit):
-		p.cfg.Log.Warn("publisher: the stream holds too much to read back; this session's republished messages carry ids", "limit", storedScanLimit)
+		p.cfg.Log.Warn("publisher: the stream holds too much to read back; this session's republished messages carry ids", "limit", storedScanLimit, "time", storedScanTime)
 		tail = storedTail{idsThrough: uint64(wal)}
 	case err != nil:
 		if ctx.Err() != nil {

@@ -22,30 +22,38 @@ import (
 // that stores the stream. So the session does that de-duplication itself,
 // once, at its start: it reads the stream back from its end (scanStored)
 // and notes every (commit, subject) message stored in the last two
-// minutes for a commit at or after the slot's position, which is exactly
-// what the ids matched. It then publishes every message of the commits it
-// decodes except those, without ids.
+// minutes for a commit at or after the slot's position. It then publishes
+// the messages of the commits it decodes without ids, and skips a found
+// one only while it has published nothing on its subject: once it has
+// (a message the scan did not find), every later message on that subject
+// goes out again too, so that each subject's messages stay in commit
+// order and its last message is its last change (cache-nodes read it when
+// they subscribe). So a scan that finds only part of what is stored costs
+// duplicates, never order; consumers take a repeated message as the same
+// change again (an invalidation applied twice ends no more than once).
 //
-// The scan can stop at the first message (going back) of a commit before
-// the slot's position, because one session publishes in commit
-// order and a slot streams to one session at a time. (A message that an
-// earlier session stored and a later one, finding it, skipped, lies before
-// that point when the later session's own messages reach back past the
-// slot's position; a third session then publishes it again: a duplicate,
-// which consumers take as the same change again, since an invalidation
-// applied twice ends no more than once.)
+// The scan stops at the first message (going back) of a commit before
+// the slot's position (one session publishes in commit order, and a slot
+// streams to one session at a time, so what lies before it is older, but
+// for what an earlier session stored and a later one skipped), at a
+// message older than the window, or at a gap.
 //
-// When the scan fails or would read more than storedScanLimit messages,
-// the session publishes as before: every message of a commit up to the
-// WAL position read once the slot was the session's (every commit an
-// earlier session can have decoded) with its id. A slot this session
-// created starts past everything an earlier slot decoded, from a flush of
-// every table: nothing to skip, no ids. Before the scan (that flush),
-// every message carries an id.
+// When the scan fails, or would read more than storedScanLimit messages
+// or take longer than storedScanTime (the walsender is not being answered
+// meanwhile), nothing is skipped: every message is published again, in
+// order, those of commits up to the WAL position read once the slot was
+// the session's (every commit an earlier session can have decoded) with
+// ids, which de-duplicate against copies that had ids too. A slot this
+// session created starts past everything an earlier slot decoded, from a
+// flush of every table: nothing to skip, no ids. Before the scan (that
+// flush), every message carries an id.
 
 // storedScanLimit bounds the messages read back from the stream at a
 // session's start. Past it, the session publishes with message ids.
-const storedScanLimit = 100000
+const storedScanLimit = 20000
+
+// storedScanTime bounds the time the scan takes.
+const storedScanTime = 20 * time.Second
 
 // dedupWindow is the stream's de-duplication window (its Duplicates).
 const dedupWindow = 2 * time.Minute
@@ -59,8 +67,13 @@ type storedKey struct {
 // storedTail is what a session found in the stream at its start.
 type storedTail struct {
 	// stored holds the messages stored (in the last dedupWindow) for
-	// commits at or after the slot's position.
-	stored map[storedKey]bool
+	// commits at or after the slot's position; through is the largest
+	// commit among them. Past it they are forgotten.
+	stored  map[storedKey]bool
+	through uint64
+	// sent holds the subjects the session published a message on while
+	// stored lasts: their later messages are published even when found.
+	sent map[string]bool
 	// idsThrough: messages of commits at or before it that are not
 	// skipped get a message id (0: none does).
 	idsThrough uint64
@@ -70,11 +83,18 @@ type storedTail struct {
 // every message gets an id, none is skipped.
 var allIDs = storedTail{idsThrough: math.MaxUint64}
 
-// msgID decides what a message of the commit at lsn on subject needs:
-// skip (stored already), or the id to send it with (empty: none).
+// msgID decides what a message of the commit at lsn on subject needs,
+// commits coming in order: skip (stored already), or the id to send it
+// with (empty: none).
 func (s *storedTail) msgID(dst []byte, lsn uint64, subject string) (id []byte, skip bool) {
-	if s.stored[storedKey{lsn, subject}] {
+	switch {
+	case s.stored == nil:
+	case lsn > s.through:
+		s.stored, s.sent = nil, nil
+	case s.stored[storedKey{lsn, subject}] && !s.sent[subject]:
 		return dst, true
+	default:
+		s.sent[subject] = true
 	}
 	if lsn > s.idsThrough {
 		return dst[:0], false
@@ -83,7 +103,7 @@ func (s *storedTail) msgID(dst []byte, lsn uint64, subject string) (id []byte, s
 }
 
 // errScanLimit ends a scan that read storedScanLimit messages.
-var errScanLimit = errors.New("too many messages to read back")
+var errScanLimit = errors.New("too many messages to read back in time")
 
 // scanStored reads the stream backwards from its end, once the session's
 // epoch is stored (so that every message this connection sent before it
@@ -105,12 +125,14 @@ func (p *Publisher) scanStored(ctx context.Context, start, wal uint64, newSlot b
 	}
 	var (
 		stored    = map[storedKey]bool{}
+		through   uint64
+		began     = time.Now()
 		hbSubj    = invalidation.HeartbeatSubject(p.cfg.SubjectPrefix)
 		epochSubj = invalidation.EpochSubject(p.cfg.SubjectPrefix)
 		read      int
 	)
 	for seq := info.State.LastSeq; seq > 0 && seq >= info.State.FirstSeq; seq-- {
-		if read++; read > storedScanLimit {
+		if read++; read > storedScanLimit || time.Since(began) > storedScanTime {
 			return failed, errScanLimit
 		}
 		raw, err := stream.GetMsg(ctx, seq)
@@ -126,6 +148,9 @@ func (p *Publisher) scanStored(ctx context.Context, start, wal uint64, newSlot b
 		if raw.Subject == hbSubj || raw.Subject == epochSubj {
 			continue
 		}
+		// The server's clock (raw.Time) against this one: a skew only
+		// cuts the scan shorter or longer, which costs duplicates or
+		// time, not order.
 		m, err := invalidation.Decode(raw.Data)
 		if err != nil || m.Txn == nil {
 			return failed, fmt.Errorf("publisher: read the stream back at %d: not a transaction (%v)", seq, err)
@@ -137,6 +162,10 @@ func (p *Publisher) scanStored(ctx context.Context, start, wal uint64, newSlot b
 			break
 		}
 		stored[storedKey{m.Txn.CommitLSN, raw.Subject}] = true
+		through = max(through, m.Txn.CommitLSN)
 	}
-	return storedTail{stored: stored}, nil
+	if len(stored) == 0 {
+		return storedTail{}, nil
+	}
+	return storedTail{stored: stored, through: through, sent: map[string]bool{}}, nil
 }

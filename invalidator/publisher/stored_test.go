@@ -2,8 +2,11 @@ package publisher
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -22,12 +25,16 @@ import (
 // though they carry no message id; the commits after its start go out
 // without one. A next session with one more tag column set publishes
 // that set's messages of those commits: only what is stored is skipped.
+// When the scan finds only part of what is stored (a message missing in
+// the middle), every subject's last message is still its last change:
+// what follows a republished message on its subject is republished too.
 func TestResumeSkipsWhatTheStreamHolds(t *testing.T) {
-	t.Run("same sets", func(t *testing.T) { resumeSkipsStored(t, false) })
-	t.Run("one more set", func(t *testing.T) { resumeSkipsStored(t, true) })
+	t.Run("same sets", func(t *testing.T) { resumeSkipsStored(t, false, false) })
+	t.Run("one more set", func(t *testing.T) { resumeSkipsStored(t, true, false) })
+	t.Run("a message missing", func(t *testing.T) { resumeSkipsStored(t, false, true) })
 }
 
-func resumeSkipsStored(t *testing.T, moreSets bool) {
+func resumeSkipsStored(t *testing.T, moreSets, missing bool) {
 	h := newHarness(t, "CREATE TABLE rs (id int PRIMARY KEY, v int); ALTER TABLE rs REPLICA IDENTITY FULL")
 	// The first session publishes on a connection of its own, closed to
 	// end it: nothing it holds back can reach the stream afterwards.
@@ -75,6 +82,42 @@ func resumeSkipsStored(t *testing.T, moreSets bool) {
 	if c := h.slotConfirmed(); uint64(c) >= last-1 {
 		t.Fatalf("the slot was confirmed at %s, past the writes (through %X; %s before): nothing to decode again", c, last, confirmedBefore)
 	}
+	js, err := jetstream.New(h.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	stream, err := js.Stream(ctx, invalidation.StreamName(h.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := storedKey{}
+	if missing {
+		// The second write's message on the table's tag (the subject
+		// every write has a message on) goes: the scan stops at the gap,
+		// finding the later writes' messages but not the first's.
+		second := slices.Sorted(maps.Keys(commits))[1]
+		info, err := stream.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		table := invalidation.TagSubject(h.prefix, "public.rs")
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq && lost.lsn == 0; seq++ {
+			raw, err := stream.GetMsg(ctx, seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m, err := invalidation.Decode(raw.Data); err == nil && m.Txn != nil && m.Txn.CommitLSN == second && raw.Subject == table {
+				if err := stream.DeleteMsg(ctx, seq); err != nil {
+					t.Fatal(err)
+				}
+				lost = storedKey{second, raw.Subject}
+			}
+		}
+		if lost.lsn == 0 {
+			t.Fatalf("no message of commit %X on the table's subject %s", second, table)
+		}
+	}
 
 	reg := prometheus.NewRegistry()
 	cfg2 := h.config()
@@ -91,24 +134,21 @@ func resumeSkipsStored(t *testing.T, moreSets bool) {
 		t.Fatalf("second session: %v", err)
 	}
 
-	js, err := jetstream.New(h.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	stream, err := js.Stream(ctx, invalidation.StreamName(h.prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
 	info, err := stream.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	copies := map[storedKey]int{}
+	// By subject, among the writes decoded twice: the last message's
+	// commit, and the largest.
+	lastOn, maxOn := map[string]uint64{}, map[string]uint64{}
 	subjects := map[uint64]int{} // of each write decoded twice
 	newCommit := uint64(0)
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
 		raw, err := stream.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // the one deleted
+		}
 		if err != nil {
 			t.Fatalf("message %d: %v", seq, err)
 		}
@@ -120,6 +160,9 @@ func resumeSkipsStored(t *testing.T, moreSets bool) {
 			t.Fatalf("message %d on %s: %v", seq, raw.Subject, err)
 		}
 		k := storedKey{m.Txn.CommitLSN, raw.Subject}
+		if commits[k.lsn] {
+			lastOn[k.subject], maxOn[k.subject] = k.lsn, max(maxOn[k.subject], k.lsn)
+		}
 		if copies[k]++; copies[k] == 1 && commits[k.lsn] {
 			subjects[k.lsn]++
 		}
@@ -131,9 +174,17 @@ func resumeSkipsStored(t *testing.T, moreSets bool) {
 		}
 	}
 	for k, n := range copies {
-		if n != 1 {
+		if n != 1 && !missing {
 			t.Errorf("commit %X is stored %d times on %s", k.lsn, n, k.subject)
 		}
+	}
+	for subject, lsn := range lastOn {
+		if lsn != maxOn[subject] {
+			t.Errorf("the last message on %s is of commit %X, after one of %X: a cache-node reading it would miss the later change", subject, lsn, maxOn[subject])
+		}
+	}
+	if missing && copies[lost] != 1 {
+		t.Errorf("the deleted message of commit %X on %s is stored %d times after the second session", lost.lsn, lost.subject, copies[lost])
 	}
 	if newCommit == 0 {
 		t.Error("the write after the second session started is not in the stream")
@@ -148,32 +199,49 @@ func resumeSkipsStored(t *testing.T, moreSets bool) {
 		}
 	}
 	skipped := counterValue(t, reg, "larder_invalidator_stored_messages_skipped_total")
-	if skipped < writes {
+	if missing && skipped < 1 {
+		t.Errorf("the second session skipped no message; it found the later writes' messages")
+	} else if !missing && skipped < writes {
 		t.Errorf("the second session skipped %.0f messages; the %d writes it decoded again were stored", skipped, writes)
 	}
 	t.Logf("slot confirmed at %s; second session skipped %.0f stored messages; %d (commit, subject) messages in the stream", confirmedBefore, skipped, len(copies))
 }
 
-// msgID: skipped where found stored, an id up to idsThrough, none past it.
+// msgID, commits in order: a found message is skipped while its subject
+// has had nothing published; once it has, the subject's later found
+// messages go out again too (its last message stays its last change). An
+// id up to idsThrough, none past it; past the last found commit, nothing
+// is skipped.
 func TestStoredTailMsgID(t *testing.T) {
-	tail := storedTail{stored: map[storedKey]bool{{150, "p.inv.a"}: true, {250, "p.inv.a"}: true}, idsThrough: 200}
+	tail := storedTail{
+		stored:     map[storedKey]bool{{150, "p.inv.a"}: true, {250, "p.inv.a"}: true, {150, "p.inv.c"}: true, {250, "p.inv.c"}: true, {260, "p.inv.d"}: true},
+		through:    260,
+		sent:       map[string]bool{},
+		idsThrough: 200,
+	}
 	for _, c := range []struct {
 		lsn     uint64
 		subject string
 		skip    bool
 		id      string
 	}{
-		{150, "p.inv.a", true, ""},
-		{250, "p.inv.a", true, ""},
-		{100, "p.inv.a", false, "64/a"},
+		{100, "p.inv.a", false, "64/a"}, // not found: published, and a's later messages too
+		{150, "p.inv.a", false, "96/a"},
 		{150, "p.inv.b", false, "96/b"},
-		{200, "p.inv.a", false, "C8/a"},
-		{201, "p.inv.a", false, ""},
+		{150, "p.inv.c", true, ""}, // found, nothing published on c
+		{250, "p.inv.a", false, ""},
+		{250, "p.inv.c", true, ""},
+		{255, "p.inv.c", false, ""}, // not found
+		{260, "p.inv.d", true, ""},
+		{270, "p.inv.d", false, ""}, // past the last found commit
 	} {
 		id, skip := tail.msgID(nil, c.lsn, c.subject)
 		if skip != c.skip || (!skip && string(id) != c.id) {
 			t.Errorf("%X on %s: skip %v, id %q; want %v, %q", c.lsn, c.subject, skip, id, c.skip, c.id)
 		}
+	}
+	if tail.stored != nil || tail.sent != nil {
+		t.Error("what was found is kept past the last found commit")
 	}
 	for _, lsn := range []uint64{0, 1, math.MaxUint64} {
 		if id, skip := allIDs.msgID(nil, lsn, "p.inv.x"); skip || string(id) != invalidation.MsgID(lsn, "p.inv.x") {
