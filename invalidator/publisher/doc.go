@@ -10,11 +10,11 @@
 // decoded, every earlier commit has been decoded too. The publisher then
 // waits for JetStream to acknowledge every message so far, publishes the
 // heartbeat and only then confirms its end to the slot, so a crash loses
-// nothing: the next run resumes from the slot. It first reads back what
-// the stream holds of the commits at or after the slot's position, and
-// publishes only what is not there: the publisher de-duplicates as
-// JetStream's message ids did, once per session rather than by JetStream
-// for every message, which cost it a quarter of its work (stored.go).
+// nothing: the next run resumes from the slot. It first reads back the
+// previous session's messages and does not publish again what it finds
+// stored, keeping each subject's last message its last change: the
+// publisher de-duplicates once per session, where JetStream's message ids
+// cost it a quarter of its work on every message (stored.go).
 //
 // Messages are handed to NATS without waiting: each asks for its own
 // acknowledgement, and the acknowledgements are counted and awaited all

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -15,16 +14,6 @@ import (
 
 	"github.com/larderdb/larder/internal/invalidation"
 )
-
-func TestAppendMsgIDMatchesTheFormat(t *testing.T) {
-	subject := invalidation.TagSubject("larder", "public.items(id)=1")
-	for _, lsn := range []uint64{0, 1, 0xf, 0x10, 0x16B3748, 0xABCDEF0123, math.MaxUint64} {
-		got := string(appendMsgID([]byte("x"), lsn, subject))
-		if want := "x" + invalidation.MsgID(lsn, subject); got != want {
-			t.Errorf("appendMsgID(%X) = %q; want %q", lsn, got, want)
-		}
-	}
-}
 
 // encode makes one message per subject, in the order of each subject's
 // first change, holding that subject's changes in their order: for few

@@ -174,7 +174,6 @@ type Publisher struct {
 	lastSent  time.Time // last standby status update
 	sentPos   uint64    // the slot position it confirmed
 	walEnd    pglogrepl.LSN
-	buf       []byte
 	enc       encoder
 	// stored is what the stream held of the session's commits at its
 	// start (stored.go); newSlot: the session created its slot.
@@ -279,7 +278,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	p.regs = p.regs[:0]
 	p.lastSent = time.Time{}
 	p.relations = map[uint32]*relation{}
-	p.stored, p.newSlot = allIDs, false
+	p.stored, p.newSlot = storedTail{}, false
 
 	start, err := p.ensureSlot(ctx, conn, repl)
 	if err != nil {
@@ -298,7 +297,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if err := p.publishEpoch(ctx, uint64(start)); err != nil {
 		return err
 	}
-	if err := p.readStored(ctx, conn, uint64(start)); err != nil {
+	if err := p.readStored(ctx, uint64(start)); err != nil {
 		return err
 	}
 	cfg.Log.Info("replicating", "slot", cfg.Slot, "publication", cfg.Publication, "from", start.String(), "tables", len(p.tables))
@@ -541,37 +540,20 @@ func (p *Publisher) publishEpoch(ctx context.Context, start uint64) error {
 	return nil
 }
 
-// readStored finds out what earlier sessions stored of what this one
-// will decode (stored.go). A scan that fails or reads too much leaves
-// every message with an id.
-func (p *Publisher) readStored(ctx context.Context, conn *pgx.Conn, start uint64) error {
-	var w string
-	p.connMu.Lock()
-	err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_current_wal_insert_lsn()::text").Scan(&w)
-	p.connMu.Unlock()
-	if err != nil {
-		return fmt.Errorf("publisher: WAL position: %w", err)
-	}
-	wal, err := pglogrepl.ParseLSN(w)
-	if err != nil {
-		return fmt.Errorf("publisher: WAL position %q: %w", w, err)
-	}
+// readStored finds out what the previous session stored of what this
+// one will decode (stored.go). A scan that fails or reads too much skips
+// nothing.
+func (p *Publisher) readStored(ctx context.Context, start uint64) error {
 	began := time.Now()
-	tail, err := p.scanStored(ctx, start, uint64(wal), p.newSlot)
-	switch {
-	case errors.Is(err, errScanLimit):
-		p.cfg.Log.Warn("publisher: the stream holds too much to read back; this session's republished messages carry ids", "limit", storedScanLimit, "time", storedScanTime)
-		tail = storedTail{idsThrough: uint64(wal)}
-	case err != nil:
+	tail, err := p.scanStored(ctx, start, p.newSlot)
+	if err != nil {
 		if ctx.Err() != nil {
 			return err
 		}
-		p.cfg.Log.Warn("publisher: could not read the stream back; this session's republished messages carry ids", "err", err)
-		tail = storedTail{idsThrough: uint64(wal)}
+		p.cfg.Log.Warn("publisher: could not read the stream back; this session publishes again what an earlier one may have stored", "err", err)
 	}
 	p.stored = tail
-	p.cfg.Log.Debug("read the stream back", "from", pglogrepl.LSN(start).String(), "stored", len(tail.stored),
-		"ids_through", pglogrepl.LSN(tail.idsThrough).String(), "took", time.Since(began))
+	p.cfg.Log.Debug("read the stream back", "from", pglogrepl.LSN(start).String(), "stored", len(tail.stored), "took", time.Since(began))
 	return nil
 }
 
@@ -1037,12 +1019,11 @@ func (p *Publisher) publish(txn *invalidation.Txn, changes []invalidation.Change
 	}
 	sent := 0
 	for _, m := range msgs {
-		var skip bool
-		if p.buf, skip = p.stored.msgID(p.buf, txn.CommitLSN, m.subject); skip {
+		if p.stored.skip(txn.CommitLSN, m.subject) {
 			p.m.storedSkipped.Inc()
 			continue
 		}
-		if err := p.acks.publish(m.subject, string(p.buf), p.enc.data[m.start:m.end]); err != nil {
+		if err := p.acks.publish(m.subject, "", p.enc.data[m.start:m.end]); err != nil {
 			return fmt.Errorf("publisher: publish %s: %w", m.subject, err)
 		}
 		sent++
@@ -1155,24 +1136,6 @@ type encoder struct {
 	starts   []int
 	next     []int
 	sorted   []invalidation.Change
-}
-
-// appendMsgID appends invalidation.MsgID(commitLSN, subject) to dst.
-func appendMsgID(dst []byte, commitLSN uint64, subject string) []byte {
-	const hexDigits = "0123456789ABCDEF"
-	var b [16]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = hexDigits[commitLSN&15]
-		commitLSN >>= 4
-		if commitLSN == 0 {
-			break
-		}
-	}
-	dst = append(dst, b[i:]...)
-	dst = append(dst, '/')
-	return append(dst, subject[strings.LastIndexByte(subject, '.')+1:]...)
 }
 
 // subject is the subject a change travels on.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,41 +18,41 @@ import (
 // minutes is dropped) used to catch those copies, but JetStream pays for
 // an id on every message (its header read, the id remembered for the
 // window): about a quarter of its work per message, in the one goroutine
-// that stores the stream. So the session does that de-duplication itself,
-// once, at its start: it reads the stream back from its end (scanStored)
-// and notes every (commit, subject) message stored in the last two
-// minutes for a commit at or after the slot's position. It then publishes
-// the messages of the commits it decodes without ids, and skips a found
-// one only while it has published nothing on its subject: once it has
-// (a message the scan did not find), every later message on that subject
-// goes out again too, so that each subject's messages stay in commit
-// order and its last message is its last change (cache-nodes read it when
-// they subscribe). So a scan that finds only part of what is stored costs
-// duplicates, never order; consumers take a repeated message as the same
-// change again (an invalidation applied twice ends no more than once).
+// that stores the stream. So transaction messages carry no id, and the
+// session de-duplicates itself, once, at its start: it reads back the
+// previous session's messages (scanStored) and notes every (commit,
+// subject) message stored in the last two minutes for a commit at or
+// after the slot's position.
 //
-// The scan stops at the first message (going back) of a commit before
-// the slot's position (one session publishes in commit order, and a slot
-// streams to one session at a time, so what lies before it is older, but
-// for what an earlier session stored and a later one skipped), at a
-// message older than the window, or at a gap.
+// It then publishes the messages of the commits it decodes, and skips a
+// found one only while it has published nothing on its subject: once it
+// has (a message the scan did not find), every later message on that
+// subject goes out again too. So each session's own messages on a subject
+// are in commit order, and the stream's last message on a subject is its
+// last change (cache-nodes read it when they subscribe). Whatever the scan
+// misses costs a duplicate, published in order; consumers take a repeated
+// message as the same change again (an invalidation applied twice ends no
+// more than once).
 //
-// When the scan fails, or would read more than storedScanLimit messages
-// or take longer than storedScanTime (the walsender is not being answered
-// meanwhile), nothing is skipped: every message is published again, in
-// order, those of commits up to the WAL position read once the slot was
-// the session's (every commit an earlier session can have decoded) with
-// ids, which de-duplicate against copies that had ids too. A slot this
-// session created starts past everything an earlier slot decoded, from a
-// flush of every table: nothing to skip, no ids. Before the scan (that
-// flush), every message carries an id.
+// The scan reads back only the previous session's messages (it stops at
+// the epoch before its own): those are in commit order on each subject,
+// what lies before them need not be (an earlier session's message the
+// previous one skipped as stored, then published an older one on its
+// subject). It also stops at the first message of a commit before the
+// slot's position (a session publishes in commit order), at a message
+// older than the window (as an id would have been forgotten), and at a
+// gap. A scan that fails, or would read more than storedScanLimit messages
+// or take longer than storedScanTime (the walsender is not answered
+// meanwhile), skips nothing: everything is published again, in order. A
+// slot this session created starts past everything an earlier slot
+// decoded, from a flush of every table: there is nothing to skip.
 
 // storedScanLimit bounds the messages read back from the stream at a
-// session's start. Past it, the session publishes with message ids.
+// session's start.
 const storedScanLimit = 20000
 
 // storedScanTime bounds the time the scan takes.
-const storedScanTime = 20 * time.Second
+const storedScanTime = 10 * time.Second
 
 // dedupWindow is the stream's de-duplication window (its Duplicates).
 const dedupWindow = 2 * time.Minute
@@ -74,32 +73,21 @@ type storedTail struct {
 	// sent holds the subjects the session published a message on while
 	// stored lasts: their later messages are published even when found.
 	sent map[string]bool
-	// idsThrough: messages of commits at or before it that are not
-	// skipped get a message id (0: none does).
-	idsThrough uint64
 }
 
-// allIDs is what a session knows before it has read the stream back:
-// every message gets an id, none is skipped.
-var allIDs = storedTail{idsThrough: math.MaxUint64}
-
-// msgID decides what a message of the commit at lsn on subject needs,
-// commits coming in order: skip (stored already), or the id to send it
-// with (empty: none).
-func (s *storedTail) msgID(dst []byte, lsn uint64, subject string) (id []byte, skip bool) {
+// skip decides whether the message of the commit at lsn on subject is
+// stored already and not to be published again, commits coming in order.
+func (s *storedTail) skip(lsn uint64, subject string) bool {
 	switch {
 	case s.stored == nil:
 	case lsn > s.through:
 		s.stored, s.sent = nil, nil
 	case s.stored[storedKey{lsn, subject}] && !s.sent[subject]:
-		return dst, true
+		return true
 	default:
 		s.sent[subject] = true
 	}
-	if lsn > s.idsThrough {
-		return dst[:0], false
-	}
-	return appendMsgID(dst[:0], lsn, subject), false
+	return false
 }
 
 // errScanLimit ends a scan that read storedScanLimit messages.
@@ -107,21 +95,20 @@ var errScanLimit = errors.New("too many messages to read back in time")
 
 // scanStored reads the stream backwards from its end, once the session's
 // epoch is stored (so that every message this connection sent before it
-// is too), and returns what it holds of the commits at or after start,
-// the slot's position. wal is the WAL insert position read once the slot was
-// the session's; newSlot: this session created the slot.
-func (p *Publisher) scanStored(ctx context.Context, start, wal uint64, newSlot bool) (storedTail, error) {
+// is too), and returns what the previous session stored of the commits at
+// or after start, the slot's position. newSlot: this session created the
+// slot.
+func (p *Publisher) scanStored(ctx context.Context, start uint64, newSlot bool) (storedTail, error) {
 	if newSlot {
 		return storedTail{}, nil
 	}
-	failed := storedTail{idsThrough: wal}
 	stream, err := p.js.Stream(ctx, invalidation.StreamName(p.cfg.SubjectPrefix))
 	if err != nil {
-		return failed, fmt.Errorf("publisher: read the stream back: %w", err)
+		return storedTail{}, fmt.Errorf("publisher: read the stream back: %w", err)
 	}
 	info, err := stream.Info(ctx)
 	if err != nil {
-		return failed, fmt.Errorf("publisher: read the stream back: %w", err)
+		return storedTail{}, fmt.Errorf("publisher: read the stream back: %w", err)
 	}
 	var (
 		stored    = map[storedKey]bool{}
@@ -129,31 +116,37 @@ func (p *Publisher) scanStored(ctx context.Context, start, wal uint64, newSlot b
 		began     = time.Now()
 		hbSubj    = invalidation.HeartbeatSubject(p.cfg.SubjectPrefix)
 		epochSubj = invalidation.EpochSubject(p.cfg.SubjectPrefix)
+		epochs    int
 		read      int
 	)
 	for seq := info.State.LastSeq; seq > 0 && seq >= info.State.FirstSeq; seq-- {
 		if read++; read > storedScanLimit || time.Since(began) > storedScanTime {
-			return failed, errScanLimit
+			return storedTail{}, errScanLimit
 		}
 		raw, err := stream.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break // deleted: the stream's history starts after it
 		}
 		if err != nil {
-			return failed, fmt.Errorf("publisher: read the stream back at %d: %w", seq, err)
+			return storedTail{}, fmt.Errorf("publisher: read the stream back at %d: %w", seq, err)
 		}
+		// The server's clock (raw.Time) against this one: a skew cuts
+		// the scan shorter or longer, which costs duplicates or time.
 		if time.Since(raw.Time) > dedupWindow {
 			break // older than an id would have been remembered
 		}
-		if raw.Subject == hbSubj || raw.Subject == epochSubj {
+		if raw.Subject == epochSubj {
+			if epochs++; epochs == 2 {
+				break // the previous session's start (the first is this one's)
+			}
 			continue
 		}
-		// The server's clock (raw.Time) against this one: a skew only
-		// cuts the scan shorter or longer, which costs duplicates or
-		// time, not order.
+		if raw.Subject == hbSubj {
+			continue
+		}
 		m, err := invalidation.Decode(raw.Data)
 		if err != nil || m.Txn == nil {
-			return failed, fmt.Errorf("publisher: read the stream back at %d: not a transaction (%v)", seq, err)
+			return storedTail{}, fmt.Errorf("publisher: read the stream back at %d: not a transaction (%v)", seq, err)
 		}
 		if m.Txn.CommitLSN < start {
 			// Not decoded again (a commit at start is: the slot skips

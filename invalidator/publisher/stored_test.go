@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -207,45 +206,103 @@ func resumeSkipsStored(t *testing.T, moreSets, missing bool) {
 	t.Logf("slot confirmed at %s; second session skipped %.0f stored messages; %d (commit, subject) messages in the stream", confirmedBefore, skipped, len(copies))
 }
 
-// msgID, commits in order: a found message is skipped while its subject
+// skip, commits in order: a found message is skipped while its subject
 // has had nothing published; once it has, the subject's later found
-// messages go out again too (its last message stays its last change). An
-// id up to idsThrough, none past it; past the last found commit, nothing
-// is skipped.
-func TestStoredTailMsgID(t *testing.T) {
+// messages go out again too (its last message stays its last change).
+// Past the last found commit, nothing is skipped.
+func TestStoredTailSkip(t *testing.T) {
 	tail := storedTail{
-		stored:     map[storedKey]bool{{150, "p.inv.a"}: true, {250, "p.inv.a"}: true, {150, "p.inv.c"}: true, {250, "p.inv.c"}: true, {260, "p.inv.d"}: true},
-		through:    260,
-		sent:       map[string]bool{},
-		idsThrough: 200,
+		stored:  map[storedKey]bool{{150, "p.inv.a"}: true, {250, "p.inv.a"}: true, {150, "p.inv.c"}: true, {250, "p.inv.c"}: true, {260, "p.inv.d"}: true},
+		through: 260,
+		sent:    map[string]bool{},
 	}
 	for _, c := range []struct {
 		lsn     uint64
 		subject string
 		skip    bool
-		id      string
 	}{
-		{100, "p.inv.a", false, "64/a"}, // not found: published, and a's later messages too
-		{150, "p.inv.a", false, "96/a"},
-		{150, "p.inv.b", false, "96/b"},
-		{150, "p.inv.c", true, ""}, // found, nothing published on c
-		{250, "p.inv.a", false, ""},
-		{250, "p.inv.c", true, ""},
-		{255, "p.inv.c", false, ""}, // not found
-		{260, "p.inv.d", true, ""},
-		{270, "p.inv.d", false, ""}, // past the last found commit
+		{100, "p.inv.a", false}, // not found: published, and a's later messages too
+		{150, "p.inv.a", false},
+		{150, "p.inv.b", false},
+		{150, "p.inv.c", true}, // found, nothing published on c
+		{250, "p.inv.a", false},
+		{250, "p.inv.c", true},
+		{255, "p.inv.c", false}, // not found
+		{260, "p.inv.d", true},
+		{270, "p.inv.d", false}, // past the last found commit
 	} {
-		id, skip := tail.msgID(nil, c.lsn, c.subject)
-		if skip != c.skip || (!skip && string(id) != c.id) {
-			t.Errorf("%X on %s: skip %v, id %q; want %v, %q", c.lsn, c.subject, skip, id, c.skip, c.id)
+		if skip := tail.skip(c.lsn, c.subject); skip != c.skip {
+			t.Errorf("%X on %s: skip %v; want %v", c.lsn, c.subject, skip, c.skip)
 		}
 	}
 	if tail.stored != nil || tail.sent != nil {
 		t.Error("what was found is kept past the last found commit")
 	}
-	for _, lsn := range []uint64{0, 1, math.MaxUint64} {
-		if id, skip := allIDs.msgID(nil, lsn, "p.inv.x"); skip || string(id) != invalidation.MsgID(lsn, "p.inv.x") {
-			t.Errorf("before the scan, %X: skip %v, id %q", lsn, skip, id)
+	var none storedTail
+	if none.skip(1, "p.inv.a") {
+		t.Error("nothing found, yet a message is skipped")
+	}
+}
+
+// The scan reads back the previous session's messages only. Before them
+// the stream need not be in commit order on a subject: here session A
+// stored its commit at 200 on s (its message at 100 refused), session B,
+// resuming below 100, found 200, published 100 and ended before
+// publishing 200 again. Session C, resuming where B did, must not count
+// A's 200 as stored: skipping it would leave B's 100 as s's last message,
+// and a cache-node confirming s would never learn of 200.
+func TestScanStoredReadsThePreviousSessionOnly(t *testing.T) {
+	h := newHarness(t, "")
+	p, err := New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.js, err = jetstream.New(h.nc); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := p.ensureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := invalidation.TagSubject(h.prefix, "public.t(id)=1")
+	other := invalidation.TagSubject(h.prefix, "public.t(id)=2")
+	txn := func(lsn uint64, tag string) []byte {
+		return invalidation.AppendTxn(nil, &invalidation.Txn{CommitLSN: lsn, EndLSN: lsn + 1, XID: uint32(lsn), CommitTime: time.Now(),
+			Changes: []invalidation.Change{{Tag: tag}}})
+	}
+	epoch := func(lsn uint64) []byte {
+		return invalidation.AppendTxn(nil, &invalidation.Txn{CommitLSN: lsn, EndLSN: lsn, CommitTime: time.Now(), Changes: []invalidation.Change{{Tag: "epoch"}}})
+	}
+	for _, m := range []struct {
+		subject string
+		data    []byte
+	}{
+		{invalidation.EpochSubject(h.prefix), epoch(50)}, // A
+		{s, txn(200, "public.t(id)=1")},
+		{invalidation.EpochSubject(h.prefix), epoch(90)}, // B
+		{s, txn(100, "public.t(id)=1")},
+		{other, txn(150, "public.t(id)=2")},
+		{invalidation.EpochSubject(h.prefix), epoch(90)}, // C, this session
+	} {
+		if _, err := p.js.Publish(ctx, m.subject, m.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tail, err := p.scanStored(ctx, 90, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		lsn     uint64
+		subject string
+		skip    bool
+	}{
+		{100, s, true},     // B's, found
+		{150, other, true}, // B's, found
+		{200, s, false},    // A's only: published again, after B's 100
+	} {
+		if skip := tail.skip(c.lsn, c.subject); skip != c.skip {
+			t.Errorf("commit %d on %s: skip %v; want %v (found %v)", c.lsn, c.subject, skip, c.skip, tail.stored)
 		}
 	}
 }
