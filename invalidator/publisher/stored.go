@@ -35,7 +35,9 @@ import (
 // more than once).
 //
 // The scan reads back only the previous session's messages (it stops at
-// the epoch before its own): those are in commit order on each subject,
+// the epoch before its own, which is the stream's last message, unless
+// JetStream dropped it as the previous session's, at the same position):
+// those are in commit order on each subject,
 // what lies before them need not be (an earlier session's message the
 // previous one skipped as stored, then published an older one on its
 // subject). It also stops at the first message of a commit before the
@@ -116,7 +118,6 @@ func (p *Publisher) scanStored(ctx context.Context, start uint64, newSlot bool) 
 		began     = time.Now()
 		hbSubj    = invalidation.HeartbeatSubject(p.cfg.SubjectPrefix)
 		epochSubj = invalidation.EpochSubject(p.cfg.SubjectPrefix)
-		epochs    int
 		read      int
 	)
 	for seq := info.State.LastSeq; seq > 0 && seq >= info.State.FirstSeq; seq-- {
@@ -136,10 +137,12 @@ func (p *Publisher) scanStored(ctx context.Context, start uint64, newSlot bool) 
 			break // older than an id would have been remembered
 		}
 		if raw.Subject == epochSubj {
-			if epochs++; epochs == 2 {
-				break // the previous session's start (the first is this one's)
+			if seq == info.State.LastSeq {
+				continue // this session's own, just stored
 			}
-			continue
+			// The previous session's start (or this one's, when JetStream
+			// took this epoch for that one's: the same position, by id).
+			break
 		}
 		if raw.Subject == hbSubj {
 			continue
