@@ -759,14 +759,8 @@ func (p *Publisher) receive(ctx context.Context, repl *pgconn.PgConn) error {
 					return fmt.Errorf("publisher: xlog data: %w", err)
 				}
 				p.noteWALEnd(xld.ServerWALEnd)
-				flushed, err := p.handle(ctx, xld)
-				if err != nil {
+				if err := p.handle(ctx, xld); err != nil {
 					return err
-				}
-				if flushed {
-					if err := p.sendStatus(ctx, repl); err != nil {
-						return err
-					}
 				}
 			}
 		}
@@ -816,12 +810,12 @@ func (p *Publisher) sendStatus(ctx context.Context, repl *pgconn.PgConn) error {
 	return nil
 }
 
-// handle processes one pgoutput message; flushed reports that the
-// confirmed position moved.
-func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed bool, err error) {
+// handle processes one pgoutput message. (The slot position a heartbeat
+// confirms is sent by receive once the heartbeater has published it.)
+func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) error {
 	msg, err := pglogrepl.Parse(xld.WALData)
 	if err != nil {
-		return false, fmt.Errorf("publisher: decode pgoutput at %s: %w", xld.WALStart, err)
+		return fmt.Errorf("publisher: decode pgoutput at %s: %w", xld.WALStart, err)
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.BeginMessage:
@@ -834,44 +828,44 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed
 	case *pglogrepl.InsertMessage:
 		r, err := p.relation(m.RelationID)
 		if err != nil {
-			return false, err
+			return err
 		}
-		return false, p.cs.insert(r, m)
+		return p.cs.insert(r, m)
 	case *pglogrepl.UpdateMessage:
 		r, err := p.relation(m.RelationID)
 		if err != nil {
-			return false, err
+			return err
 		}
-		return false, p.cs.update(r, m)
+		return p.cs.update(r, m)
 	case *pglogrepl.DeleteMessage:
 		r, err := p.relation(m.RelationID)
 		if err != nil {
-			return false, err
+			return err
 		}
-		return false, p.cs.remove(r, m)
+		return p.cs.remove(r, m)
 	case *pglogrepl.TruncateMessage:
 		for _, id := range m.RelationIDs {
 			r, err := p.relation(id)
 			if err != nil {
-				return false, err
+				return err
 			}
 			p.cs.flush(r.name)
 			p.m.flushes.WithLabelValues("truncate").Inc()
 		}
 	case *pglogrepl.CommitMessage:
 		if !p.inTxn {
-			return false, fmt.Errorf("publisher: COMMIT at %s without BEGIN", m.CommitLSN)
+			return fmt.Errorf("publisher: COMMIT at %s without BEGIN", m.CommitLSN)
 		}
 		p.inTxn = false
 		if err := p.commit(ctx, m); err != nil {
-			return false, err
+			return err
 		}
 		if p.hbTxn {
 			// Every commit up to this one is decoded; a restart resumes
 			// after its end.
 			p.hbTxn = false
 			p.heartbeatSoon(uint64(m.CommitLSN), m.TransactionEndLSN)
-			return false, nil
+			return nil
 		}
 	case *pglogrepl.LogicalDecodingMessage:
 		if m.Prefix == DDLPrefix && m.Transactional && p.inTxn {
@@ -882,25 +876,25 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) (flushed
 				d = ddlPayload{V: 1, Tag: "unreadable " + DDLPrefix + " message", Global: true}
 			}
 			p.ddl = append(p.ddl, d)
-			return false, nil
+			return nil
 		}
 		if m.Prefix == RegisterPrefix && m.Transactional && p.inTxn {
 			p.registerMessage(m.Content)
-			return false, nil
+			return nil
 		}
 		if m.Prefix != HeartbeatPrefix {
-			return false, nil
+			return nil
 		}
 		if m.Transactional {
 			p.hbTxn = p.inTxn
-			return false, nil
+			return nil
 		}
 		// A non-transactional message's LSN is the end of its record: a
 		// commit record may start there, so it covers the commits before.
 		p.heartbeatSoon(uint64(m.LSN)-1, m.LSN)
-		return false, nil
+		return nil
 	}
-	return false, nil
+	return nil
 }
 
 func (p *Publisher) relation(id uint32) (*relation, error) {
