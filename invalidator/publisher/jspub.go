@@ -37,10 +37,9 @@ type ackPublisher struct {
 	header nats.Header // holding msgID: the header of a message with an id
 	reply  []byte
 
-	mu    sync.Mutex
-	seq   uint64 // the last sequence number used
-	base  uint64 // replies to sequences <= base are of spent messages: ignored
-	acked uint64 // replies received to sequences > base
+	mu   sync.Mutex
+	seq  uint64 // the last sequence number used
+	base uint64 // replies to sequences <= base are of spent messages: ignored
 	// answered has bit seq-base-1 set once message seq was answered: a
 	// second answer to one message (which JetStream does not send) must
 	// not stand for another's.
@@ -180,7 +179,6 @@ func (a *ackPublisher) note(seq uint64, err error) {
 		return
 	}
 	a.answered[i/64] |= 1 << (i % 64)
-	a.acked++
 	if err != nil && (a.err == nil || seq < a.errSeq) {
 		a.err, a.errSeq = err, seq
 	}
@@ -273,13 +271,12 @@ func (a *ackPublisher) reset() {
 func (a *ackPublisher) spendThroughLocked(cut uint64) {
 	a.wake = nil
 	if cut >= a.seq {
-		a.base, a.acked, a.err, a.errSeq = a.seq, 0, nil, 0
+		a.base, a.err, a.errSeq = a.seq, nil, 0
 		clear(a.answered)
 		a.answered = a.answered[:0]
 		return
 	}
 	n := cut - a.base
-	a.acked -= a.answeredThroughLocked(cut)
 	a.answered = shiftBits(a.answered, n)
 	a.base = cut
 	if a.err != nil && a.errSeq <= cut {
