@@ -129,3 +129,49 @@ func bareValue(v string) bool {
 	}
 	return true
 }
+
+// derivedArrow separates a derived column's foreign key column from the
+// column it names in the referenced table.
+const derivedArrow = "->"
+
+// DerivedColumn names a derived tag column: the value of refColumn in the row
+// of refTable ("schema.table") whose single-column primary key equals the
+// row's fkColumn. The tag column set (category, seller->public.users.region)
+// of public.items groups items by category and by their seller's region.
+func DerivedColumn(fkColumn, refTable, refColumn string) string {
+	return fkColumn + derivedArrow + refTable + "." + refColumn
+}
+
+// ParseDerivedColumn splits a derived column's name (DerivedColumn); ok is
+// false for a plain column.
+func ParseDerivedColumn(name string) (fkColumn, refTable, refColumn string, ok bool) {
+	fk, rest, found := strings.Cut(name, derivedArrow)
+	if !found || fk == "" {
+		return "", "", "", false
+	}
+	i := strings.LastIndexByte(rest, '.')
+	if i <= 0 || i == len(rest)-1 || !strings.Contains(rest[:i], ".") {
+		return "", "", "", false
+	}
+	return fk, rest[:i], rest[i+1:], true
+}
+
+// IsDerivedSet reports whether a tag column set holds a derived column.
+func IsDerivedSet(columns []string) bool {
+	for _, c := range columns {
+		if _, _, _, ok := ParseDerivedColumn(c); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// SetTag is the tag of a whole derived tag column set: a result keyed on a
+// derived set also holds it, and the invalidator publishes it (as a change of
+// rows) for every change to the set's tables while it cannot compute the
+// set's keyed tags exactly (its index of the referenced table is loading).
+// Its name is the set's name followed by "=" and no value, which no keyed tag
+// has.
+func SetTag(table string, columns []string) Tag {
+	return Tag{Table: table, Columns: columns}
+}

@@ -46,3 +46,27 @@ func FuzzTagNamesInjective(f *testing.F) {
 		}
 	})
 }
+
+func TestDerivedColumn(t *testing.T) {
+	name := DerivedColumn("seller", "public.users", "region")
+	if name != "seller->public.users.region" {
+		t.Fatalf("DerivedColumn = %q", name)
+	}
+	fk, table, col, ok := ParseDerivedColumn(name)
+	if !ok || fk != "seller" || table != "public.users" || col != "region" {
+		t.Fatalf("ParseDerivedColumn(%q) = %q %q %q %v", name, fk, table, col, ok)
+	}
+	for _, plain := range []string{"seller", "a->b", "->public.users.region", "seller->users.region", "seller->public.users."} {
+		if _, _, _, ok := ParseDerivedColumn(plain); ok {
+			t.Errorf("ParseDerivedColumn(%q) ok", plain)
+		}
+	}
+	if !IsDerivedSet([]string{"category", name}) || IsDerivedSet([]string{"category"}) {
+		t.Error("IsDerivedSet")
+	}
+	set := SetTag("public.items", []string{"category", name}).String()
+	keyed := Tag{Table: "public.items", Columns: []string{"category", name}, Values: []string{"", ""}}.String()
+	if set != `public.items(category,"seller->public.users.region")=` || set == keyed {
+		t.Fatalf("SetTag = %q (keyed with empty values %q)", set, keyed)
+	}
+}
