@@ -196,7 +196,7 @@ func checkIdentity(tables map[string]*tableInfo) *IdentityError {
 			}
 			var missing []string
 			for _, set := range t.sets {
-				for _, c := range set {
+				for _, c := range tableColumns(set) {
 					if !have[c] && !contains(missing, c) {
 						missing = append(missing, c)
 					}

@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -22,6 +23,9 @@ type relation struct {
 	full     bool   // REPLICA IDENTITY FULL
 	sets     [][]int
 	setNames [][]string
+	// given: the sets as configured, derived ones included (derived sets
+	// are published from their indexes: derived.go)
+	given [][]string
 	// unkeyable: tag column sets that name a column the relation lacks
 	// (logged once at load).
 	missing []string
@@ -51,7 +55,7 @@ func newRelation(m *pglogrepl.RelationMessage, sets [][]string) *relation {
 // withSets returns a copy of r publishing the tag column sets given.
 func (r *relation) withSets(sets [][]string) *relation {
 	c := *r
-	c.sets, c.setNames, c.missing = nil, nil, nil
+	c.sets, c.setNames, c.missing, c.given = nil, nil, nil, nil
 	c.bindSets(sets)
 	return &c
 }
@@ -62,7 +66,11 @@ func (r *relation) bindSets(sets [][]string) {
 	for i, c := range r.columns {
 		idx[c] = i
 	}
+	r.given = sets
 	for _, set := range sets {
+		if tags.IsDerivedSet(set) {
+			continue
+		}
 		var is []int
 		ok := true
 		for _, c := range set {
@@ -153,6 +161,8 @@ func (r *relation) keyTag(s int, vals []string) string {
 
 // changeSet accumulates one transaction's changes by tag.
 type changeSet struct {
+	lsn     uint64 // the transaction's commit LSN
+	derived []*derivedIndex
 	byTag   map[string]int
 	changes []invalidation.Change
 	tables  []string // the table ("schema.table") of each change
@@ -187,6 +197,44 @@ func (cs *changeSet) add(table string, c invalidation.Change) {
 func (cs *changeSet) flush(table string) {
 	cs.add(table, invalidation.Change{Tag: table, Flush: true})
 	cs.add(table, invalidation.Change{Tag: table, Rows: true})
+	for _, ix := range cs.derived {
+		if ix.touches(table) {
+			ix.breakOff(cs, errors.New(table+" flushed"))
+		}
+	}
+}
+
+// truncate publishes a TRUNCATE of the table.
+func (cs *changeSet) truncate(table string) {
+	for _, ix := range cs.derived {
+		if ix.touches(table) {
+			ix.truncated(cs, table)
+		}
+	}
+	cs.flush(table)
+}
+
+// derivedChange applies a row change to the derived sets' indexes of its
+// table and publishes their tags (ov, nv: nil when the row did not exist
+// before, or after).
+func (cs *changeSet) derivedChange(r *relation, ov, nv []value, changed []string, allCols bool) {
+	for _, ix := range cs.derived {
+		if ix.table == r.name {
+			ix.changeA(cs, r, ov, nv, changed, allCols)
+		}
+		if ix.ref == r.name {
+			ix.changeB(cs, r, ov, nv)
+		}
+	}
+}
+
+// derivedUnknown marks the derived sets of a table whose old row is unknown.
+func (cs *changeSet) derivedUnknown(r *relation) {
+	for _, ix := range cs.derived {
+		if ix.touches(r.name) {
+			ix.breakOff(cs, errors.New("a row of "+r.name+" changed without its old values"))
+		}
+	}
 }
 
 // insert publishes the new row's table tag and keyed tags.
@@ -197,6 +245,9 @@ func (cs *changeSet) insert(r *relation, m *pglogrepl.InsertMessage) error {
 		return err
 	}
 	cs.add(r.name, invalidation.Change{Tag: r.name, Rows: true})
+	if len(cs.derived) > 0 {
+		cs.derivedChange(r, nil, nv, nil, false)
+	}
 	return cs.rowKeys(r, nv)
 }
 
@@ -205,6 +256,9 @@ func (cs *changeSet) remove(r *relation, m *pglogrepl.DeleteMessage) error {
 	cs.rows++
 	cs.add(r.name, invalidation.Change{Tag: r.name, Rows: true})
 	if m.OldTuple == nil {
+		if len(cs.derived) > 0 {
+			cs.derivedUnknown(r)
+		}
 		if len(r.sets) > 0 {
 			cs.flush(r.name) // no identity: the old keys are unknown
 		}
@@ -213,6 +267,9 @@ func (cs *changeSet) remove(r *relation, m *pglogrepl.DeleteMessage) error {
 	ov, err := r.rowValues(m.OldTuple, m.OldTupleType == 'K')
 	if err != nil {
 		return err
+	}
+	if len(cs.derived) > 0 {
+		cs.derivedChange(r, ov, nil, nil, false)
 	}
 	return cs.rowKeys(r, ov)
 }
@@ -286,6 +343,9 @@ func (cs *changeSet) update(r *relation, m *pglogrepl.UpdateMessage) error {
 	}
 	if !fullOld || len(changed) > 0 {
 		cs.add(r.name, colChange(r.name))
+	}
+	if len(cs.derived) > 0 {
+		cs.derivedChange(r, ov, nv, changed, !fullOld)
 	}
 	for s := range r.sets {
 		oldVals, okOld, nullOld := r.key(s, ov)

@@ -295,6 +295,7 @@ func (p *Publisher) applyDDL(ctx context.Context, xid uint32) ([]string, error) 
 	p.m.flushes.WithLabelValues("ddl").Add(float64(len(names)))
 
 	p.tables = after
+	p.syncDerived()
 	p.noteSets()
 	for id, r := range p.relations {
 		// The next Relation message of a table a DDL named shows its new
@@ -308,7 +309,7 @@ func (p *Publisher) applyDDL(ctx context.Context, xid uint32) ([]string, error) 
 		} else {
 			sets = p.setsOf(r.name)
 		}
-		if !equalSets(r.setNames, sets) {
+		if !equalSets(r.given, sets) {
 			p.relations[id] = r.withSets(sets)
 		}
 	}

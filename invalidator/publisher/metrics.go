@@ -26,6 +26,11 @@ type metrics struct {
 	// storedSkipped: messages a resumed session did not publish, found
 	// stored by an earlier one (stored.go).
 	storedSkipped prometheus.Counter
+	// derived tag column sets (derived.go): how many, their index loads,
+	// and commits that published a set's tag (its index not exact).
+	derivedSets    prometheus.Gauge
+	derivedLoads   *prometheus.CounterVec
+	derivedSetTags prometheus.Counter
 }
 
 // slotStatuses are the values of pg_replication_slots.wal_status (and
@@ -53,6 +58,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		identity:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "larder_invalidator_replica_identity_problems", Help: "Published tables whose replica identity is a problem: no_identity (PostgreSQL refuses their UPDATEs and DELETEs), tag_columns (it lacks tag columns: each change flushes the table)."}, []string{"problem"}),
 		registrations:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_tag_set_registrations_total", Help: "Tag column sets registered at run time, by outcome: registered (published from the registration's commit LSN, announced by an epoch), not_stored (the KV bucket did not take it: not published)."}, []string{"outcome"}),
 		registeredSets:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_registered_tag_sets", Help: "Tag column sets registered at run time and published (kept in the JetStream KV bucket <PREFIX>_TAGSETS)."}),
+		derivedSets:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "larder_invalidator_derived_tag_sets", Help: "Derived tag column sets published (a column of the row a foreign key names), each with an index of its two tables."}),
+		derivedLoads:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_invalidator_derived_index_loads_total", Help: "Loads of a derived tag column set's index from a snapshot (at a session's start, a registration, after a truncation or schema change of its tables), by outcome: loaded, failed (retried every 10 s; meanwhile every change of its tables publishes the set's tag)."}, []string{"outcome"}),
+		derivedSetTags:      prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_derived_set_tags_total", Help: "Commits that published a derived set's own tag, ending every result keyed on the set, because its index could not give their keyed tags exactly (loading, or the commit at or before the snapshot it was read at)."}),
 		storedSkipped:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_invalidator_stored_messages_skipped_total", Help: "Messages of commits a session decoded again after a restart and did not publish: it found them in the stream when it read it back at its start."}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "larder_invalidator_publish_latency_seconds",
@@ -74,7 +82,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.commits, m.rows, m.tags, m.messages, m.heartbeats, m.nudges, m.keepaliveHeartbeats, m.flushes, m.lagBytes, m.lagSeconds, m.confirmed, m.publishLatency,
-			m.slotsCreated, m.slotStatus, m.slotRetained, m.slotSafe, m.oversized, m.identity, m.registrations, m.registeredSets, m.storedSkipped)
+			m.slotsCreated, m.slotStatus, m.slotRetained, m.slotSafe, m.oversized, m.identity, m.registrations, m.registeredSets, m.storedSkipped,
+			m.derivedSets, m.derivedLoads, m.derivedSetTags)
 	}
 	return m
 }

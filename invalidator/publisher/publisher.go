@@ -151,6 +151,7 @@ type Publisher struct {
 	kv        jetstream.KeyValue    // where they are kept
 	regs      []registerPayload     // the open transaction's registrations
 	relations map[uint32]*relation
+	derived   map[string]*derivedIndex // by set name (derived.go)
 
 	// the open transaction
 	inTxn bool
@@ -284,6 +285,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The derived sets' indexes, from a snapshot taken before the session
+	// decodes anything: the commits it decodes again up to the snapshot's
+	// position publish the sets' tags, later ones their keyed tags.
+	p.syncDerived()
+	for _, ix := range p.derived {
+		ix.loaded, ix.broken = false, false
+	}
+	p.loadDerived(ctx, true)
 	p.connMu.Lock()
 	p.slotStats(ctx, conn)
 	p.connMu.Unlock()
@@ -449,6 +458,7 @@ func (p *Publisher) ensureSlot(ctx context.Context, conn *pgx.Conn, repl *pgconn
 			names[name] = true
 		}
 		p.tables = after
+		p.syncDerived()
 		p.noteSets()
 		if !SkipNewSlotFlushForTest.Load() {
 			p.cfg.Log.Info("created replication slot; flushing every table at its consistent point", "slot", p.cfg.Slot, "at", lsn.String(), "reason", reason, "tables", len(names))
@@ -821,6 +831,7 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) error {
 	case *pglogrepl.BeginMessage:
 		p.inTxn, p.hbTxn, p.begin = true, false, *m
 		p.cs.reset()
+		p.cs.lsn = uint64(m.FinalLSN)
 		p.ddl = p.ddl[:0]
 		p.regs = p.regs[:0]
 	case *pglogrepl.RelationMessage:
@@ -849,7 +860,7 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) error {
 			if err != nil {
 				return err
 			}
-			p.cs.flush(r.name)
+			p.cs.truncate(r.name)
 			p.m.flushes.WithLabelValues("truncate").Inc()
 		}
 	case *pglogrepl.CommitMessage:
@@ -957,9 +968,18 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 		changes, tables = collapse(changes, tables)
 		p.m.flushes.WithLabelValues("large_transaction").Inc()
 	}
+	if len(p.cs.derived) > 0 {
+		p.countSetTags()
+	}
 	txn := invalidation.Txn{CommitLSN: uint64(m.CommitLSN), EndLSN: uint64(m.TransactionEndLSN), XID: p.begin.Xid, CommitTime: m.CommitTime}
 	if err := p.publish(&txn, changes, tables); err != nil {
 		return err
+	}
+	if len(p.cs.derived) > 0 {
+		// An index a change could not be applied to is read again now:
+		// the commits decoded next are above its snapshot's position or
+		// publish the set's tag.
+		p.loadDerived(ctx, false)
 	}
 	if len(p.regs) > 0 {
 		if err := p.applyRegistrations(ctx, uint64(m.CommitLSN)); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/larderdb/larder/internal/invalidation"
+	"github.com/larderdb/larder/internal/tags"
 )
 
 // RegisterPrefix is the prefix of the transactional logical decoding
@@ -287,6 +288,7 @@ func countSets(m map[string][][]string) int {
 // FixReplicaIdentity it sets the identity of a table whose identity
 // lacks a wanted set's columns to FULL first.
 func (p *Publisher) checkRegistration(ctx context.Context, want map[string][][]string, out *invalidation.TagSetsRegistered) error {
+	published := p.TagSets()
 	conn, err := pgx.Connect(ctx, p.cfg.ConnString)
 	if err != nil {
 		return fmt.Errorf("publisher: registration: connect: %w", err)
@@ -319,11 +321,17 @@ WHERE n.nspname = split_part($1, '.', 1) AND c.relname = substr($1, length(split
 		lacking := false
 		for _, set := range sets {
 			name := invalidation.SetName(table, set)
-			if c := firstMissing(set, columns); c != "" {
+			if c := firstMissing(tableColumns(set), columns); c != "" {
 				out.Refused[name] = "table " + table + " has no column " + c
 				continue
 			}
-			if identity != "f" && firstMissing(set, idCols) != "" {
+			if tags.IsDerivedSet(set) {
+				if why := checkDerived(ctx, conn, table, set, published); why != "" {
+					out.Refused[name] = why
+					continue
+				}
+			}
+			if identity != "f" && firstMissing(tableColumns(set), idCols) != "" {
 				lacking = true
 			}
 			kept = append(kept, set)
@@ -332,11 +340,11 @@ WHERE n.nspname = split_part($1, '.', 1) AND c.relname = substr($1, length(split
 			fix := fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL;", quoted)
 			if !p.cfg.FixReplicaIdentity {
 				for _, set := range kept {
-					if firstMissing(set, idCols) != "" {
+					if firstMissing(tableColumns(set), idCols) != "" {
 						out.Refused[invalidation.SetName(table, set)] = fmt.Sprintf("the replica identity of %s (%s) lacks columns of the set: UPDATEs would not give their old values; run %s or start the invalidator with --fix-replica-identity", table, strings.Join(idCols, ", "), fix)
 					}
 				}
-				kept = slices.DeleteFunc(kept, func(set []string) bool { return firstMissing(set, idCols) != "" })
+				kept = slices.DeleteFunc(kept, func(set []string) bool { return firstMissing(tableColumns(set), idCols) != "" })
 			} else {
 				if _, err := conn.Exec(ctx, fix); err != nil {
 					return fmt.Errorf("publisher: registration: %s: %w", fix, err)
@@ -423,12 +431,17 @@ func (p *Publisher) applyRegistrations(ctx context.Context, commit uint64) error
 				p.cfg.Log.Info("tag column set registered", "set", name, "effective_lsn", fmt.Sprintf("%X", commit))
 			}
 			for id, rel := range p.relations {
-				if rel.name == table && t != nil && !equalSets(rel.setNames, t.sets) {
+				if rel.name == table && t != nil && !equalSets(rel.given, t.sets) {
 					p.relations[id] = rel.withSets(t.sets)
 				}
 			}
 		}
 		if added > 0 {
+			// Derived sets are indexed before anything is published under
+			// them; the commits after the registration's up to the index's
+			// snapshot publish their set tags.
+			p.syncDerived()
+			p.loadDerived(ctx, true)
 			p.m.registrations.WithLabelValues("registered").Add(float64(added))
 			p.reg.mu.Lock()
 			p.m.registeredSets.Set(float64(p.reg.count))
