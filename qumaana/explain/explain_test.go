@@ -61,7 +61,7 @@ func TestStatement(t *testing.T) {
 			if len(r.Reads) != 1 || !r.Reads[0].AllColumns {
 				t.Errorf("reads %+v", r.Reads)
 			}
-			if got := r.TagColumnSets["public.items"]; len(got) != 3 {
+			if got := r.TagColumnSets["public.items"]; len(got) != 4 { // (category) (id) (seller) (category,seller->public.users.region)
 				t.Errorf("items' tag column sets %v", got)
 			}
 		}},
@@ -137,7 +137,7 @@ func TestStatement(t *testing.T) {
 				t.Fatalf("kind %q, cacheable %v, writes %+v", r.Kind, r.Cacheable, r.Writes)
 			}
 			w := r.Writes[0]
-			if !slices.Equal(w.Columns, []string{"max_bid"}) || !slices.Equal(w.Publishes, []string{"public.items", "public.items(category)", "public.items(id)", "public.items(seller)"}) {
+			if !slices.Equal(w.Columns, []string{"max_bid"}) || !slices.Equal(w.Publishes, []string{"public.items", "public.items(category)", "public.items(id)", "public.items(seller)", `public.items(category,"seller->public.users.region")`}) {
 				t.Errorf("write %+v", w)
 			}
 		}},

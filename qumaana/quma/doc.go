@@ -21,6 +21,21 @@
 // table tag. Subqueries, CTEs, set operations and views are analyzed as their
 // own scopes; their tables get their own tags.
 //
+// Derived tag columns reach across a join on a primary key. When an inner
+// equality of one scope joins a table's column fk to another table's
+// single-column primary key (of the same type), a column c bound on the
+// other table binds on the first the derived column fk->schema.table.c
+// (tags.DerivedColumn): the value of c in the row its fk names. The region
+// search (items.category = $1 AND items.seller = users.id AND users.region =
+// $2) is keyed on public.items(category,"seller->public.users.region"), and
+// also holds that set's own tag (tags.SetTag), which the invalidator
+// publishes while it cannot compute the set's keyed tags. When the other
+// reference reads nothing but its key and the derived columns' own columns,
+// the derived tags cover every change of it that matters (the invalidator
+// publishes the tags of the rows joining a changed row) and its tags are
+// held only if the derived ones fall back (Dep.CoveredBy). Not across an
+// outer join's nullable side, nor between scopes.
+//
 // Keyed tags are used only on columns whose types have a canonical text form
 // (integers, text, varchar, bool, uuid): a parameter's text and a row's text
 // then agree exactly when the values are equal.

@@ -52,10 +52,7 @@ func TestGolden(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var got []TagEntry
-				for _, d := range tpl.Deps {
-					got = append(got, tagEntries(d)...)
-				}
+				got := queryTagEntries(tpl.Deps)
 				if tagsKey(got) != tagsKey(q.Tags) {
 					t.Errorf("%s: online tags %v, offline %v", q.SQL, got, q.Tags)
 				}

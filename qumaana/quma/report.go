@@ -80,6 +80,10 @@ func tagText(t TagEntry) string {
 	} else {
 		b.WriteString("[" + strings.Join(t.Reads, ",") + "]")
 	}
+	if t.CoveredBy != "" {
+		// Held only when the derived set's tags fall back.
+		b.WriteString("{covered}")
+	}
 	return b.String()
 }
 

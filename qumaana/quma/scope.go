@@ -2,6 +2,7 @@ package quma
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/larderdb/larder/internal/tags"
 )
 
 // valueSource is where a bound column's value comes from.
@@ -50,6 +53,33 @@ type relRef struct {
 	notes    []string                 // predicates on it that were not understood
 	nullable bool                     // on the nullable side of an outer join
 	split    *RowSplit                // how a result narrows to its rows (rows.go)
+	// derived holds the derived columns bound in bound (tags.DerivedColumn),
+	// by name: columns of the rows other references join to by their
+	// primary key.
+	derived map[string]derivation
+}
+
+// derivation is where a derived column of a reference comes from: column
+// col, of type typ, of the reference through its primary key, which the
+// reference's column fk equals.
+type derivation struct {
+	through *relRef
+	fk      string
+	col     string
+	typ     string
+}
+
+// columnType returns the type of a column of r, derived or plain, or "".
+func (r *relRef) columnType(c string) string {
+	if dv, ok := r.derived[c]; ok {
+		return dv.typ
+	}
+	if r.table != nil {
+		if col := r.table.Column(c); col != nil {
+			return col.Type
+		}
+	}
+	return ""
 }
 
 func (r *relRef) read(col string) {
@@ -295,6 +325,7 @@ func (a *analysis) selectStmt(st *pg.SelectStmt, parent *scope) {
 			}
 		}
 	}
+	deriveColumns(sc, uf)
 	if len(sc.rels) > 0 && len(conj) == 0 && len(outerOn) == 0 {
 		for _, r := range sc.rels {
 			r.note("no predicate restricts it")
@@ -302,6 +333,60 @@ func (a *analysis) selectStmt(st *pg.SelectStmt, parent *scope) {
 	}
 	if parent == nil && a.depth == 1 {
 		a.splitRows(st, sc)
+	}
+}
+
+// deriveColumns binds derived columns: when an inner equality joins a
+// reference's column fk to another reference's single-column primary key,
+// every column c bound on the other reference binds, on the first, the
+// derived column fk->table.c to the same values (each row joins the one row
+// the key names, whose c must have one of them). Only between references of
+// this scope with known tables, neither on the nullable side of an outer
+// join.
+func deriveColumns(sc *scope, uf *unionFind) {
+	if sc.anyOpaq || hasUnknown(sc.rels) {
+		return
+	}
+	keys := uf.keys()
+	for _, ka := range keys {
+		for _, kb := range keys {
+			if ka.rel != kb.rel && uf.find(ka) == uf.find(kb) {
+				deriveThrough(ka.rel, ka.col, kb.rel, kb.col)
+			}
+		}
+	}
+}
+
+// deriveThrough binds on a the derived columns through b, when a.fk = b.pk
+// joins a row of a to at most one row of b: pk is b's single-column primary
+// key, of the same keyable type as fk. Nothing is derived when fk is bound
+// to values itself (its plain keys serve), nor b's key itself (fk carries
+// it), nor b's own derived columns.
+func deriveThrough(a *relRef, fk string, b *relRef, pk string) {
+	if a.nullable || b.nullable || len(b.table.PrimaryKey) != 1 || b.table.PrimaryKey[0] != pk {
+		return
+	}
+	fkCol, pkCol := a.table.Column(fk), b.table.Column(pk)
+	if fkCol == nil || pkCol == nil || fkCol.Type != pkCol.Type || !Keyable(pkCol.Type) {
+		return
+	}
+	if _, bound := a.bound[fk]; bound {
+		return
+	}
+	for c, alts := range b.bound {
+		col := b.table.Column(c)
+		if c == pk || col == nil || !Keyable(col.Type) || slices.ContainsFunc(alts, func(v valueSource) bool { return v.IsNull }) {
+			continue
+		}
+		if a.derived == nil {
+			a.derived = map[string]derivation{}
+		}
+		if a.bound == nil {
+			a.bound = map[string][]valueSource{}
+		}
+		name := tags.DerivedColumn(fk, b.name, c)
+		a.bound[name] = alts
+		a.derived[name] = derivation{through: b, fk: fk, col: c, typ: col.Type}
 	}
 }
 

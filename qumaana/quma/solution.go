@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 
@@ -56,6 +57,13 @@ type TagEntry struct {
 	AllColumns bool     `json:"all_columns,omitempty"`
 	// Fallback says why this is a table tag, when it is.
 	Fallback string `json:"fallback,omitempty"`
+	// Set marks the tag of a whole derived tag column set (tags.SetTag):
+	// Columns without Values.
+	Set bool `json:"set,omitempty"`
+	// CoveredBy names the derived tag column set whose tags cover this
+	// one's table reference (Dep.CoveredBy): the result holds this tag only
+	// when those fall back to their table tag.
+	CoveredBy string `json:"covered_by,omitempty"`
 }
 
 // WriteEntry is one write template and the query templates it may affect.
@@ -118,6 +126,12 @@ func ReadSolution(r io.Reader) (*Solution, error) {
 				return nil, fmt.Errorf("quma: QUMA file: table %s: empty tag column set", name)
 			}
 			for _, c := range set {
+				if _, _, _, derived := tags.ParseDerivedColumn(c); derived {
+					if err := s.Schema.checkDerived(table, c); err != nil {
+						return nil, fmt.Errorf("quma: QUMA file: table %s: %w", name, err)
+					}
+					continue
+				}
 				col := table.Column(c)
 				if col == nil {
 					return nil, fmt.Errorf("quma: QUMA file: table %s: tag column %q does not exist", name, c)
@@ -129,6 +143,59 @@ func ReadSolution(r io.Reader) (*Solution, error) {
 		}
 	}
 	return &s, nil
+}
+
+// checkDerived checks that the derived tag column c of table t is one the
+// invalidator can publish: its foreign key column is a column of t of the
+// type of the referenced table's single-column primary key, and the column
+// it names exists there with a keyable type.
+func (s *Schema) checkDerived(t *Table, c string) error {
+	fk, refTable, refCol, _ := tags.ParseDerivedColumn(c)
+	fkCol := t.Column(fk)
+	if fkCol == nil {
+		return fmt.Errorf("derived tag column %q: foreign key column %q does not exist", c, fk)
+	}
+	ref := s.Tables[refTable]
+	if ref == nil {
+		return fmt.Errorf("derived tag column %q: referenced table %s is not in the schema", c, refTable)
+	}
+	if len(ref.PrimaryKey) != 1 {
+		return fmt.Errorf("derived tag column %q: referenced table %s has no single-column primary key", c, refTable)
+	}
+	if pk := ref.Column(ref.PrimaryKey[0]); pk.Type != fkCol.Type {
+		return fmt.Errorf("derived tag column %q: foreign key %s has type %s, the primary key %s of %s has type %s", c, fk, fkCol.Type, pk.Name, refTable, pk.Type)
+	}
+	col := ref.Column(refCol)
+	if col == nil {
+		return fmt.Errorf("derived tag column %q: column %q of %s does not exist", c, refCol, refTable)
+	}
+	if !Keyable(col.Type) {
+		return fmt.Errorf("derived tag column %q: column %s of %s has type %s, which cannot carry keyed tags", c, refCol, refTable, col.Type)
+	}
+	return nil
+}
+
+// derivedSetsThrough names the derived tag column sets of other tables
+// whose derived columns read table: a change to it publishes their tags
+// (of the rows it joins to) too.
+func derivedSetsThrough(tables map[string]*TableEntry, table string) []string {
+	names := make([]string, 0, len(tables))
+	for n := range tables {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var out []string
+	for _, n := range names {
+		for _, set := range tables[n].TagColumns {
+			if slices.ContainsFunc(set, func(c string) bool {
+				_, ref, _, ok := tags.ParseDerivedColumn(c)
+				return ok && ref == table
+			}) {
+				out = append(out, tags.ColumnSetName(n, set))
+			}
+		}
+	}
+	return out
 }
 
 // WriteJSON writes the solution as indented JSON.
@@ -204,9 +271,7 @@ func AnalyzeWorkload(schema *Schema, workload []Statement) (*Solution, error) {
 	for _, q := range queries {
 		e := QueryEntry{ID: q.t.ID, SQL: q.t.SQL, Cacheable: q.t.Cacheable, Reason: q.t.Reason, Rewrite: q.t.Rewrite, Clock: q.t.ClockSQL != "",
 			Frequency: q.st.Frequency, Source: q.st.Source, Tags: []TagEntry{}}
-		for _, d := range q.t.Deps {
-			e.Tags = append(e.Tags, tagEntries(d)...)
-		}
+		e.Tags = append(e.Tags, queryTagEntries(q.t.Deps)...)
 		if !q.t.Cacheable {
 			w := fmt.Sprintf("query %s (%s) is not cacheable: %s", short(q.t.ID), sourceOf(q.st), q.t.Reason)
 			if q.t.Rewrite != "" {
@@ -215,7 +280,7 @@ func AnalyzeWorkload(schema *Schema, workload []Statement) (*Solution, error) {
 			sol.Warnings = append(sol.Warnings, w)
 		} else {
 			for _, d := range q.t.Deps {
-				if len(d.KeyColumns) == 0 {
+				if len(d.KeyColumns) == 0 && d.CoveredBy == 0 {
 					sol.Warnings = append(sol.Warnings, fmt.Sprintf("query %s (%s): table tag on %s: %s", short(q.t.ID), sourceOf(q.st), d.Table, d.Reason))
 				}
 			}
@@ -233,6 +298,9 @@ func AnalyzeWorkload(schema *Schema, workload []Statement) (*Solution, error) {
 					e.Publishes = appendUnique(e.Publishes, tags.ColumnSetName(wr.Table, set))
 				}
 			}
+			for _, name := range derivedSetsThrough(sol.Tables, wr.Table) {
+				e.Publishes = appendUnique(e.Publishes, name)
+			}
 		}
 		for _, q := range queries {
 			if MayAffect(w.t, q.t) {
@@ -249,10 +317,15 @@ func AnalyzeWorkload(schema *Schema, workload []Statement) (*Solution, error) {
 
 // MayAffect is the pairwise analysis: can some instantiation of write w
 // change some instantiation of query q's result? It answers false only
-// when w changes no column q reads of any table they share.
+// when w changes no column q reads of any table they share. A dependency
+// covered by a derived one (Dep.CoveredBy) still counts with its reads,
+// and a write to a table a derived key column reads, of that column, too.
 func MayAffect(w, q *Template) bool {
 	for _, wr := range w.Writes {
 		for _, d := range q.Deps {
+			if writesDerived(wr, d) {
+				return true
+			}
 			if d.Table != wr.Table {
 				continue
 			}
@@ -271,6 +344,35 @@ func MayAffect(w, q *Template) bool {
 	return false
 }
 
+// writesDerived reports whether wr changes a column a derived key column of
+// d names (rows of its table appear or disappear, or the column changes).
+func writesDerived(wr Write, d Dep) bool {
+	for _, c := range d.KeyColumns {
+		if _, ref, col, ok := tags.ParseDerivedColumn(c); ok && ref == wr.Table && (wr.AllColumns || slices.Contains(wr.Columns, col)) {
+			return true
+		}
+	}
+	return false
+}
+
+// queryTagEntries returns the tag entries of a query's dependencies.
+func queryTagEntries(deps []Dep) []TagEntry {
+	var out []TagEntry
+	for _, d := range deps {
+		es := tagEntries(d)
+		if d.CoveredBy > 0 {
+			by := deps[d.CoveredBy-1]
+			for i := range es {
+				es[i].CoveredBy = tags.ColumnSetName(by.Table, by.KeyColumns)
+			}
+		}
+		out = append(out, es...)
+	}
+	return out
+}
+
+// tagEntries returns a dependency's tag entries: its table tag, or one per
+// combination of its key values (and the set tag of a derived set).
 func tagEntries(d Dep) []TagEntry {
 	reads := d.Reads
 	if reads == nil {
@@ -298,6 +400,9 @@ func tagEntries(d Dep) []TagEntry {
 			idx[i] = 0
 		}
 		if i < 0 || len(out) >= maxTagsPerDep {
+			if tags.IsDerivedSet(d.KeyColumns) {
+				out = append(out, TagEntry{Table: d.Table, Columns: d.KeyColumns, Reads: reads, AllColumns: d.AllColumns, Set: true})
+			}
 			return out
 		}
 	}
@@ -320,13 +425,26 @@ func identityWarnings(schema *Schema, tables map[string]*TableEntry) []string {
 		}
 		var missing []string
 		for _, set := range tables[n].TagColumns {
-			if !t.IdentityCovers(set) {
+			if !t.IdentityCovers(identityColumns(set)) {
 				missing = append(missing, "("+strings.Join(set, ",")+")")
 			}
 		}
 		if len(missing) > 0 {
 			out = append(out, fmt.Sprintf("table %s: replica identity %s cannot supply old values of tag columns %s; run: ALTER TABLE %s REPLICA IDENTITY FULL",
 				n, strings.ToUpper(t.ReplicaIdentity), strings.Join(missing, " "), tags.TableTag(n).String()))
+		}
+	}
+	return out
+}
+
+// identityColumns are the columns of its own table a tag column set needs
+// in a change's old row: a derived column needs its foreign key.
+func identityColumns(set []string) []string {
+	out := make([]string, len(set))
+	for i, c := range set {
+		out[i] = c
+		if fk, _, _, ok := tags.ParseDerivedColumn(c); ok {
+			out[i] = fk
 		}
 	}
 	return out

@@ -137,6 +137,12 @@ var propQueries = []propTemplate{
 	{"SELECT id FROM users WHERE id = $1 UNION SELECT seller FROM items WHERE category = $2", func(r *rand.Rand) []any { return []any{uid(r), cat(r)} }},
 	{"SELECT u.nickname FROM users u WHERE EXISTS (SELECT 1 FROM comments c WHERE c.to_user_id = u.id AND c.rating = $1)", func(r *rand.Rand) []any { return []any{r.Intn(5) - 2} }},
 	{"SELECT count(*) FROM items", func(r *rand.Rand) []any { return nil }},
+	// derived tag columns (items keyed on their seller's region or nickname)
+	{"SELECT count(*) FROM items, users WHERE items.seller = users.id AND users.region = $1", func(r *rand.Rand) []any { return []any{region(r)} }},
+	{"SELECT items.id, items.name, users.nickname FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2",
+		func(r *rand.Rand) []any { return []any{cat(r), region(r)} }},
+	{"SELECT i.name, u.nickname FROM items i LEFT JOIN users u ON i.seller = u.id AND u.region = $2 WHERE i.category = $1",
+		func(r *rand.Rand) []any { return []any{cat(r), region(r)} }},
 }
 
 var propWrites = []propTemplate{
@@ -148,6 +154,7 @@ var propWrites = []propTemplate{
 	{"UPDATE users SET nickname = $1 WHERE id = $2", func(r *rand.Rand) []any { return []any{nick(r), uid(r)} }},
 	{"UPDATE users SET password = $1 WHERE id = $2", func(r *rand.Rand) []any { return []any{fmt.Sprintf("pw%d", r.Intn(3)), uid(r)} }},
 	{"DELETE FROM users WHERE id = $1", func(r *rand.Rand) []any { return []any{uid(r)} }},
+	{"UPDATE users SET id = $1 WHERE id = $2", func(r *rand.Rand) []any { return []any{100 + r.Intn(1000), uid(r)} }},
 	{"INSERT INTO items (id, name, initial_price, quantity, end_date, seller, category) VALUES ($1, 'n', 1, 1, $2, $3, $4)", func(r *rand.Rand) []any { return []any{100 + r.Intn(1000), now(r), uid(r), cat(r)} }},
 	{"UPDATE items SET quantity = $1 WHERE id = $2", func(r *rand.Rand) []any { return []any{r.Intn(4), iid(r)} }},
 	{"UPDATE items SET max_bid = $1 WHERE id = $2", func(r *rand.Rand) []any { return []any{r.Intn(100), iid(r)} }},
@@ -226,7 +233,42 @@ type published struct {
 	rowSet  bool // a row appeared or disappeared (INSERT, DELETE, a key change)
 }
 
-func publishedTags(t *Table, sets [][]string, before, after map[string]propRow) []published {
+// propSnaps are snapshots of tables, by name.
+type propSnaps map[string]map[string]propRow
+
+// columnText is a row's value of a tag column: for a derived column, the
+// column it names of the row of the referenced table (in snaps) whose
+// primary key the row's foreign key holds; nil for NULL or no such row.
+func columnText(row propRow, c string, snaps propSnaps) *string {
+	fk, ref, col, ok := tags.ParseDerivedColumn(c)
+	if !ok {
+		return row[c]
+	}
+	if row[fk] == nil || snaps[ref][*row[fk]] == nil {
+		return nil
+	}
+	return snaps[ref][*row[fk]][col]
+}
+
+// keyedTag is a row's tag on a tag column set, or "" when a value is NULL.
+func keyedTag(table string, set []string, row propRow, snaps propSnaps) string {
+	vals := make([]string, 0, len(set))
+	for _, c := range set {
+		v := columnText(row, c, snaps)
+		if v == nil {
+			return ""
+		}
+		vals = append(vals, *v)
+	}
+	return tags.Tag{Table: table, Columns: set, Values: vals}.String()
+}
+
+// publishedTags is what the invalidator publishes for the changed rows of
+// t (before and after are its snapshots): each row's keyed tags, old and
+// new, the old values of derived columns from the snapshots of the
+// referenced tables before the write (was), the new ones from those after
+// (is).
+func publishedTags(t *Table, sets [][]string, before, after map[string]propRow, was, is propSnaps) []published {
 	var out []published
 	add := func(old, new propRow) {
 		p := published{table: t.Name, keyed: map[string]bool{}, changed: map[string]bool{}, rowSet: old == nil || new == nil}
@@ -238,20 +280,14 @@ func publishedTags(t *Table, sets [][]string, before, after map[string]propRow) 
 		if len(p.changed) == 0 {
 			return // an UPDATE that changed nothing still publishes in the real stream; it cannot change a result
 		}
-		for _, row := range []propRow{old, new} {
+		for i, row := range []propRow{old, new} {
 			if row == nil {
 				continue
 			}
+			snaps := [2]propSnaps{was, is}[i]
 			for _, set := range sets {
-				vals := make([]string, 0, len(set))
-				for _, c := range set {
-					if row[c] == nil {
-						break
-					}
-					vals = append(vals, *row[c])
-				}
-				if len(vals) == len(set) {
-					p.keyed[tags.Tag{Table: t.Name, Columns: set, Values: vals}.String()] = true
+				if tg := keyedTag(t.Name, set, row, snaps); tg != "" {
+					p.keyed[tg] = true
 				}
 			}
 		}
@@ -266,6 +302,81 @@ func publishedTags(t *Table, sets [][]string, before, after map[string]propRow) 
 		}
 	}
 	return out
+}
+
+// dropDerivedNewForTest makes the simulated invalidator miss the new tag
+// of a row whose derived values a write to the referenced table changed,
+// so that a test can prove the property test notices.
+var dropDerivedNewForTest = false
+
+// derivedPublished is what the invalidator publishes, as changes of rows,
+// for the rows of t whose values of a derived tag column set through a
+// written table changed without a change of their own: the old and new
+// keyed tags. before and after are t's snapshots; was and is those of the
+// referenced tables.
+func derivedPublished(t *Table, sets [][]string, written map[string]bool, before, after map[string]propRow, was, is propSnaps) []published {
+	var out []published
+	for _, set := range sets {
+		through := false
+		for _, c := range set {
+			_, ref, _, ok := tags.ParseDerivedColumn(c)
+			through = through || ok && written[ref]
+		}
+		if !through {
+			continue
+		}
+		for k, oldRow := range before {
+			newRow := after[k]
+			if newRow == nil {
+				continue // deleted: its own change
+			}
+			old, new := keyedTag(t.Name, set, oldRow, was), keyedTag(t.Name, set, newRow, is)
+			if old == new {
+				continue
+			}
+			p := published{table: t.Name, keyed: map[string]bool{}, changed: map[string]bool{}, rowSet: true}
+			if old != "" {
+				p.keyed[old] = true
+			}
+			if new != "" && !dropDerivedNewForTest {
+				p.keyed[new] = true
+			}
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// snapshotTables are the tables a write's publications are computed from:
+// those it writes, and for a derived tag column set of one of them or
+// through one of them, the set's table and the tables it goes through.
+func snapshotTables(w *Template, sets map[string][][]string) (written, snap map[string]bool) {
+	written, snap = map[string]bool{}, map[string]bool{}
+	for _, wr := range w.Writes {
+		written[wr.Table], snap[wr.Table] = true, true
+	}
+	for table, ss := range sets {
+		for _, set := range ss {
+			refs := map[string]bool{}
+			for _, c := range set {
+				if _, ref, _, ok := tags.ParseDerivedColumn(c); ok {
+					refs[ref] = true
+				}
+			}
+			hit := written[table]
+			for ref := range refs {
+				hit = hit || written[ref]
+			}
+			if !hit || len(refs) == 0 {
+				continue
+			}
+			snap[table] = true
+			for ref := range refs {
+				snap[ref] = true
+			}
+		}
+	}
+	return written, snap
 }
 
 func sameText(a, b *string) bool {
@@ -382,9 +493,10 @@ func checkSoundness(t *testing.T, ctx context.Context, conn *pgx.Conn, schema *S
 			if err != nil {
 				t.Fatalf("%s %v: %v", q.sql, qp, err)
 			}
-			snaps := map[string]map[string]propRow{}
-			for _, wr := range wt.Writes {
-				if snaps[wr.Table], err = snapshotTable(ctx, tx, schema.Tables[wr.Table]); err != nil {
+			written, snapped := snapshotTables(wt, sets)
+			snaps := propSnaps{}
+			for table := range snapped {
+				if snaps[table], err = snapshotTable(ctx, tx, schema.Tables[table]); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -403,13 +515,18 @@ func checkSoundness(t *testing.T, ctx context.Context, conn *pgx.Conn, schema *S
 				return
 			}
 			st.changed++
-			var pubs []published
-			for _, wr := range wt.Writes {
-				now, err := snapshotTable(ctx, tx, schema.Tables[wr.Table])
-				if err != nil {
+			nows := propSnaps{}
+			for table := range snapped {
+				if nows[table], err = snapshotTable(ctx, tx, schema.Tables[table]); err != nil {
 					t.Fatal(err)
 				}
-				pubs = append(pubs, publishedTags(schema.Tables[wr.Table], sets[wr.Table], snaps[wr.Table], now)...)
+			}
+			var pubs []published
+			for table := range written {
+				pubs = append(pubs, publishedTags(schema.Tables[table], sets[table], snaps[table], nows[table], snaps, nows)...)
+			}
+			for table := range snapped {
+				pubs = append(pubs, derivedPublished(schema.Tables[table], sets[table], written, snaps[table], nows[table], snaps, nows)...)
 			}
 			for _, p := range pubs {
 				for _, tg := range qtags {
@@ -478,6 +595,85 @@ func TestSoundnessAgainstPostgres(t *testing.T) {
 	if st.changed < n/20 {
 		t.Fatalf("only %d of %d pairs changed a result: the test exercises too little", st.changed, st.runs)
 	}
+}
+
+// derivedQueries and derivedWrites exercise derived tag columns: queries
+// keyed on items' seller's region or nickname, writes to both tables.
+var derivedQueries, derivedWrites = func() ([]propTemplate, []propTemplate) {
+	var qs, ws []propTemplate
+	for _, q := range propQueries {
+		if strings.Contains(q.sql, "users") && strings.Contains(q.sql, "items") && !strings.Contains(q.sql, "LEFT") && !strings.Contains(q.sql, "UNION") {
+			qs = append(qs, q)
+		}
+	}
+	for _, w := range propWrites {
+		if strings.Contains(w.sql, " users ") || strings.Contains(w.sql, " items ") {
+			ws = append(ws, w)
+		}
+	}
+	return qs, ws
+}()
+
+// TestSoundnessDerivedColumns checks the queries keyed on derived tag
+// columns harder, and that they are: the region search holds one tag
+// keyed on the category and the seller's region, and none of users.
+func TestSoundnessDerivedColumns(t *testing.T) {
+	conn, schema := propDatabase(t)
+	var work []Statement
+	for _, q := range append(append([]propTemplate{}, derivedQueries...), derivedWrites...) {
+		work = append(work, Statement{SQL: q.sql})
+	}
+	sol, err := AnalyzeWorkload(schema, work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	search, err := sol.Analyzer().Prepare(propQueries[6].sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qtags, err := search.Tags([]any{3, 2, propBase, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, q := range qtags {
+		names = append(names, q.String())
+	}
+	if got, want := strings.Join(names, " "), `public.items(category,"seller->public.users.region")=(3,2) public.items(category,"seller->public.users.region")=`; got != want {
+		t.Fatalf("region search tags %s, want %s", got, want)
+	}
+	n := 3000
+	if testing.Short() {
+		n = 500
+	}
+	st := checkSoundness(t, context.Background(), conn, schema, derivedQueries, derivedWrites, n, 11)
+	t.Logf("%d write/query pairs applied, %d changed the result, %d violations", st.runs, st.changed, st.violations)
+	if st.violations > 0 {
+		t.Fatalf("%d of %d result changes were not invalidated; first:\n%s", st.violations, st.changed, st.firstViolation)
+	}
+	if st.changed < n/20 {
+		t.Fatalf("only %d of %d pairs changed a result: the test exercises too little", st.changed, st.runs)
+	}
+}
+
+// TestSoundnessCatchesMissedDerivedTags has the simulated invalidator miss
+// the new tag of a row whose seller's region changed, and requires the
+// property test to notice: it does check the derived tags.
+func TestSoundnessCatchesMissedDerivedTags(t *testing.T) {
+	conn, schema := propDatabase(t)
+	dropDerivedNewForTest = true
+	defer func() { dropDerivedNewForTest = false }()
+	var userWrites []propTemplate
+	for _, w := range derivedWrites {
+		if strings.Contains(w.sql, " users ") {
+			userWrites = append(userWrites, w)
+		}
+	}
+	st := checkSoundness(t, context.Background(), conn, schema, derivedQueries, userWrites, 3000, 11)
+	if st.violations == 0 {
+		t.Fatalf("missed derived tags passed the soundness test (%d pairs, %d changes)", st.runs, st.changed)
+	}
+	t.Logf("missed derived tags caught: %d violations in %d changes", st.violations, st.changed)
 }
 
 // TestSoundnessCatchesBrokenAnalyzer breaks the analyzer on purpose (ranges

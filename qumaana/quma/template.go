@@ -65,6 +65,14 @@ type Dep struct {
 	// Rows, when set, narrows the dependency to the rows of a result
 	// (Template.SplitRows).
 	Rows *RowSplit
+	// CoveredBy, when above 0, says that Deps[CoveredBy-1] is keyed on a
+	// derived tag column set through this dependency's table reference,
+	// and that this reference reads nothing but its primary key and the
+	// columns the set's derived columns name: the derived tags (and the
+	// set's tag) cover every change of it that
+	// can change the result, and Tags holds this dependency's tags only
+	// when that one falls back to its table tag.
+	CoveredBy int
 }
 
 // Write is what a write statement changes in one table.
@@ -105,7 +113,10 @@ const maxTagsPerDep = 256
 // Tags instantiates the template's tags for parameter values ($1 is
 // params[0]). A keyed dependency whose values cannot be made canonical (a
 // NULL, an unsupported Go type, too many combinations) falls back to its
-// table tag: never fewer invalidations than needed.
+// table tag: never fewer invalidations than needed. A dependency keyed on a
+// derived tag column set also holds the set's own tag (tags.SetTag), which
+// the invalidator publishes while it cannot compute the set's keyed tags;
+// a dependency it covers (Dep.CoveredBy) holds tags only when it falls back.
 func (t *Template) Tags(params []any) ([]QueryTag, error) {
 	if !t.Cacheable {
 		return nil, ErrNotCacheable
@@ -116,10 +127,16 @@ func (t *Template) Tags(params []any) ([]QueryTag, error) {
 	out := make([]QueryTag, 0, len(t.Deps))
 	for i := range t.Deps {
 		d := &t.Deps[i]
+		if d.CoveredBy > 0 && t.Deps[d.CoveredBy-1].keyed(params) {
+			continue
+		}
 		if len(d.KeyColumns) > 0 {
 			if keyed, ok := d.instantiate(params); ok {
 				for _, vals := range keyed {
 					out = append(out, QueryTag{Tag: tags.Tag{Table: d.Table, Columns: d.KeyColumns, Values: vals}, Reads: d.Reads, AllColumns: d.AllColumns})
+				}
+				if tags.IsDerivedSet(d.KeyColumns) {
+					out = append(out, QueryTag{Tag: tags.SetTag(d.Table, d.KeyColumns), Reads: d.Reads, AllColumns: d.AllColumns})
 				}
 				continue
 			}
@@ -190,6 +207,16 @@ func (t *Template) SplitRows(qtags []QueryTag, rows int, keys func(s *RowSplit) 
 		return qtags, false
 	}
 	return out, true
+}
+
+// keyed reports whether d holds keyed tags for params (Tags does not fall
+// back to its table tag).
+func (d *Dep) keyed(params []any) bool {
+	if len(d.KeyColumns) == 0 {
+		return false
+	}
+	_, ok := d.instantiate(params)
+	return ok
 }
 
 // instantiate returns every combination of canonical key values.
@@ -316,40 +343,116 @@ func resolveValue(src valueSource, typ string, params []any) ([]string, bool) {
 // buildDeps turns the analysis' table references into dependencies, keyed on
 // the best tag column set available in sets.
 func buildDeps(refs []*relRef, sets map[string][][]string) []Dep {
+	all := make([]Dep, len(refs))
+	for i, r := range refs {
+		all[i] = refDep(r, sets)
+	}
+	coveredBy := coverage(refs, all)
+	// Merge identical dependencies (a covered one only with one covered
+	// by an identical dependency).
 	var deps []Dep
-	seen := map[string]bool{}
-	for _, r := range refs {
-		d := Dep{Table: r.name, AllColumns: r.all}
-		if !r.all {
-			for c := range r.reads {
-				d.Reads = append(d.Reads, c)
-			}
-			sort.Strings(d.Reads)
-		}
-		cols, reason := chooseKey(r, sets[r.name])
-		if r.split != nil && !slices.Equal(cols, []string{r.split.KeyColumn}) && slices.ContainsFunc(sets[r.name], func(set []string) bool {
-			return len(set) == 1 && set[0] == r.split.KeyColumn
-		}) {
-			// Split by rows, unless keyed on the row already.
-			d.Rows = r.split
-		}
-		if cols == nil {
-			d.Reason = reason
-		} else {
-			d.KeyColumns = cols
-			for _, c := range cols {
-				d.KeyValues = append(d.KeyValues, r.bound[c])
-				d.keyTypes = append(d.keyTypes, r.table.Column(c).Type)
-			}
-		}
+	at := make([]int, len(refs)) // index in deps of each reference's dependency
+	seen := map[string]int{}
+	for i, d := range all {
 		sig := depSignature(d)
-		if seen[sig] {
-			continue
+		if c := coveredBy[i]; c >= 0 {
+			sig += "|covered by " + depSignature(all[c])
 		}
-		seen[sig] = true
-		deps = append(deps, d)
+		j, dup := seen[sig]
+		if !dup {
+			j = len(deps)
+			seen[sig] = j
+			deps = append(deps, d)
+		}
+		at[i] = j
+	}
+	for i, c := range coveredBy {
+		if c >= 0 {
+			deps[at[i]].CoveredBy = at[c] + 1
+		}
 	}
 	return deps
+}
+
+// refDep is one table reference's dependency.
+func refDep(r *relRef, sets map[string][][]string) Dep {
+	d := Dep{Table: r.name, AllColumns: r.all}
+	if !r.all {
+		for c := range r.reads {
+			d.Reads = append(d.Reads, c)
+		}
+		sort.Strings(d.Reads)
+	}
+	cols, reason := chooseKey(r, sets[r.name])
+	if r.split != nil && !slices.Equal(cols, []string{r.split.KeyColumn}) && slices.ContainsFunc(sets[r.name], func(set []string) bool {
+		return len(set) == 1 && set[0] == r.split.KeyColumn
+	}) {
+		// Split by rows, unless keyed on the row already.
+		d.Rows = r.split
+	}
+	if cols == nil {
+		d.Reason = reason
+	} else {
+		d.KeyColumns = cols
+		for _, c := range cols {
+			d.KeyValues = append(d.KeyValues, r.bound[c])
+			d.keyTypes = append(d.keyTypes, r.columnType(c))
+		}
+	}
+	return d
+}
+
+// coverage returns, per reference, the index of the reference whose
+// dependency (deps, one per reference) covers it, or -1: the covering one
+// is keyed on derived columns through it, and it reads nothing but its
+// primary key and those derived columns' own columns. A covering
+// reference is itself never covered, so that its tags are always held.
+func coverage(refs []*relRef, deps []Dep) []int {
+	by := make([]int, len(refs))
+	for i := range by {
+		by[i] = -1
+	}
+	for i, r := range refs {
+		for _, b := range coveredThrough(r, deps[i].KeyColumns) {
+			if j := slices.Index(refs, b); by[j] < 0 {
+				by[j] = i
+			}
+		}
+	}
+	for i := range by {
+		if by[i] >= 0 && slices.Contains(by, i) {
+			by[i] = -1
+		}
+	}
+	return by
+}
+
+// coveredThrough returns the references that r's key columns cols cover:
+// those the derived columns among cols go through, when such a reference
+// reads only its primary key and the columns the derived ones name.
+func coveredThrough(r *relRef, cols []string) []*relRef {
+	var out []*relRef
+	for _, c := range cols {
+		dv, ok := r.derived[c]
+		if !ok || slices.Contains(out, dv.through) {
+			continue
+		}
+		b := dv.through
+		allowed := map[string]bool{b.table.PrimaryKey[0]: true}
+		for _, c2 := range cols {
+			if dv2, ok := r.derived[c2]; ok && dv2.through == b {
+				allowed[dv2.col] = true
+			}
+		}
+		covered := !b.all
+		for c2 := range b.reads {
+			covered = covered && allowed[c2]
+		}
+		if covered {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 func depSignature(d Dep) string {
@@ -369,7 +472,8 @@ func depSignature(d Dep) string {
 	return b.String()
 }
 
-// usableBound returns the bound columns that can carry keyed tags, in table order.
+// usableBound returns the bound columns that can carry keyed tags, in table
+// order, then the bound derived columns, by name.
 func usableBound(r *relRef) []string {
 	if r.table == nil {
 		return nil
@@ -388,6 +492,12 @@ func usableBound(r *relRef) []string {
 			cols = append(cols, c.Name)
 		}
 	}
+	// deriveThrough binds only keyable columns, never to NULL.
+	start := len(cols)
+	for c := range r.derived {
+		cols = append(cols, c)
+	}
+	sort.Strings(cols[start:])
 	return cols
 }
 
@@ -465,7 +575,9 @@ func fallbackReason(r *relRef, usable map[string]bool) string {
 
 // proposal is the tag column set the offline analysis adds for a table
 // reference: the smallest primary or unique key among its bound columns
-// (shared with other templates), else all its bound columns.
+// (shared with other templates), else all its bound columns, derived ones
+// included (items' category and its seller's region for a search of the
+// items of a category sold in a region).
 func proposal(r *relRef) []string {
 	bound := usableBound(r)
 	if len(bound) == 0 {

@@ -1,0 +1,271 @@
+package larder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/larderdb/larder/invalidator/publisher"
+)
+
+// A join keyed on a derived tag column set: accounts grouped by kind and
+// by their owner's region. Writers move money between accounts, move
+// owners between regions and accounts between owners, directly on
+// PostgreSQL; readers sum each region's balances in one read-only
+// transaction, each region by its own cached result. Every account's
+// owner is in exactly one region, so the sums must add up to the total at
+// every snapshot.
+const derivedSchema = `CREATE TABLE owners (id int PRIMARY KEY, region int NOT NULL, name text NOT NULL);
+CREATE TABLE accts (id int PRIMARY KEY, owner int NOT NULL, kind int NOT NULL, balance int NOT NULL);
+ALTER TABLE owners REPLICA IDENTITY FULL;
+ALTER TABLE accts REPLICA IDENTITY FULL;`
+
+const derivedRegionSum = "SELECT coalesce(sum(accts.balance), 0) FROM accts, owners WHERE accts.kind = $1 AND accts.owner = owners.id AND owners.region = $2"
+
+const (
+	derivedOwners   = 6
+	derivedAccounts = 12
+	derivedRegions  = 3
+)
+
+// derivedStack starts a stack on the accounts and owners, and a client
+// that keys the region sums on the derived set.
+func derivedStack(t *testing.T) (*stack, *Client) {
+	var seed []string
+	for i := 1; i <= derivedOwners; i++ {
+		seed = append(seed, fmt.Sprintf("INSERT INTO owners VALUES (%d, %d, 'o%d')", i, 1+i%derivedRegions, i))
+	}
+	for i := 1; i <= derivedAccounts; i++ {
+		seed = append(seed, fmt.Sprintf("INSERT INTO accts VALUES (%d, %d, 1, 100)", i, 1+i%derivedOwners))
+	}
+	s := startStackWith(t, derivedSchema, strings.Join(seed, ";"), derivedRegionSum,
+		"UPDATE accts SET balance = balance + $1 WHERE id = $2", "UPDATE owners SET region = $1 WHERE id = $2", "UPDATE accts SET owner = $1 WHERE id = $2")
+	c := s.client(t, 8<<20)
+	// The client keys the join on the derived set once the invalidator
+	// publishes it (the client registers it at its start).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		tpl, err := c.keying.Load().analyzer([]string{"public"}).Prepare(derivedRegionSum)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qtags, err := tpl.Tags([]any{1, 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		keyed := false
+		for _, q := range qtags {
+			names = append(names, q.String())
+			if q.Table == "public.owners" {
+				keyed = false
+				break
+			}
+			keyed = keyed || strings.Contains(q.String(), "->")
+		}
+		if keyed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the region sum is not keyed on the derived set: %v", names)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	return s, c
+}
+
+func TestSnapshotConsistencyDerivedJoin(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			// broken: the invalidator leaves out what an owner's move
+			// changes, so cached sums of the regions go stale.
+			publisher.SkipReferencedChangesForTest.Store(broken)
+			defer publisher.SkipReferencedChangesForTest.Store(false)
+			violations, reads, hits := derivedJoinRun(t)
+			switch {
+			case broken && violations == 0:
+				t.Fatalf("an invalidator that ignores owners' moves passed %d read-only transactions: the check cannot fail", reads)
+			case !broken && violations > 0:
+				t.Fatalf("%d of %d read-only transactions saw sums that do not add up", violations, reads)
+			case hits == 0:
+				t.Fatalf("no hits in %d read-only transactions: the cached path went unchecked", reads)
+			}
+			t.Logf("%d violations in %d read-only transactions, %d hits", violations, reads, hits)
+		})
+	}
+}
+
+func derivedJoinRun(t *testing.T) (violations, reads, hits int64) {
+	s, c := derivedStack(t)
+	ctx := context.Background()
+	run := 4 * time.Second
+	if v := os.Getenv("LARDER_HISTORY_SECONDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			t.Fatalf("LARDER_HISTORY_SECONDS=%q: want seconds", v)
+		}
+		run = time.Duration(n) * time.Second
+	}
+	rctx, cancel := context.WithTimeout(ctx, run)
+	defer cancel()
+	var wg sync.WaitGroup
+	var writes atomic.Int64
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(seed))
+			conn, err := pgx.Connect(ctx, s.url)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close(ctx)
+			for rctx.Err() == nil {
+				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+					switch r.Intn(3) {
+					case 0: // a transfer, rows locked in id order
+						a, b, amt := 1+r.Intn(derivedAccounts), 1+r.Intn(derivedAccounts), 1+r.Intn(10)
+						if a > b {
+							a, b, amt = b, a, -amt
+						}
+						if _, err := tx.Exec(ctx, "UPDATE accts SET balance = balance - $1 WHERE id = $2", amt, a); err != nil {
+							return err
+						}
+						_, err := tx.Exec(ctx, "UPDATE accts SET balance = balance + $1 WHERE id = $2", amt, b)
+						return err
+					case 1: // an owner moves
+						_, err := tx.Exec(ctx, "UPDATE owners SET region = $1 WHERE id = $2", 1+r.Intn(derivedRegions), 1+r.Intn(derivedOwners))
+						return err
+					default: // an account changes owner
+						_, err := tx.Exec(ctx, "UPDATE accts SET owner = $1 WHERE id = $2", 1+r.Intn(derivedOwners), 1+r.Intn(derivedAccounts))
+						return err
+					}
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				writes.Add(1)
+				time.Sleep(time.Duration(5+r.Intn(20)) * time.Millisecond)
+			}
+		}(int64(w) + 1)
+	}
+	var bad, n atomic.Int64
+	for rd := 0; rd < 2; rd++ {
+		// One reader reads up to 2 s back, the other up to 300 ms:
+		// pins newer than most writes, where a stale result would meet
+		// fresh ones.
+		staleness := 300*time.Millisecond + time.Duration(rd)*1700*time.Millisecond
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rctx.Err() == nil {
+				tx, err := c.BeginRO(ctx, staleness)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				sum := 0
+				var parts []int
+				ok := true
+				for region := 1; region <= derivedRegions; region++ {
+					var v int
+					if err := tx.QueryRow(ctx, derivedRegionSum, []any{1, region}, &v); err != nil {
+						if !errors.Is(err, ErrRetry) {
+							t.Error(err)
+						}
+						ok = false
+						break
+					}
+					sum += v
+					parts = append(parts, v)
+				}
+				_ = tx.Commit(ctx)
+				if !ok {
+					continue // ErrRetry and the like: the transaction is run again
+				}
+				n.Add(1)
+				if sum != 100*derivedAccounts {
+					if bad.Add(1) <= 3 {
+						t.Logf("regions' sums %v add up to %d, not %d", parts, sum, 100*derivedAccounts)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st := c.Stats()
+	t.Logf("%d writes", writes.Load())
+	return bad.Load(), n.Load(), st.L1Hits.Load() + st.NodeHits.Load()
+}
+
+// The same check, step by step: the sums cached, an owner moves, a
+// transfer in its new region; the sums at the latest snapshot add up.
+func TestDerivedJoinOwnerMoves(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			publisher.SkipReferencedChangesForTest.Store(broken)
+			defer publisher.SkipReferencedChangesForTest.Store(false)
+			s, c := derivedStack(t)
+			ctx := context.Background()
+			sums := func(staleness time.Duration) (parts []int, total int) {
+				t.Helper()
+				tx, err := c.BeginRO(ctx, staleness)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Commit(ctx)
+				for region := 1; region <= derivedRegions; region++ {
+					var v int
+					if err := tx.QueryRow(ctx, derivedRegionSum, []any{1, region}, &v); err != nil {
+						t.Fatal(err)
+					}
+					parts, total = append(parts, v), total+v
+				}
+				return parts, total
+			}
+			sums(0)
+			before := c.Stats().L1Hits.Load() + c.Stats().NodeHits.Load()
+			sums(0)
+			if c.Stats().L1Hits.Load()+c.Stats().NodeHits.Load() == before {
+				t.Fatal("the sums were not cached")
+			}
+			// owner 1 (region 2) moves to region 3; account 6 (owner 1) gets 5 from account 12 (owner 1)
+			write := func(sql string) {
+				t.Helper()
+				rw, err := c.BeginRW(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := rw.Exec(ctx, sql); err != nil {
+					t.Fatal(err)
+				}
+				if err := rw.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = s
+			write("UPDATE owners SET region = 3 WHERE id = 1")
+			write("UPDATE accts SET balance = balance + 5 WHERE id = 7")
+			write("UPDATE accts SET balance = balance - 5 WHERE id = 8")
+			// at a pin after the writes, where the cached sums are hits
+			time.Sleep(time.Second)
+			parts, total := sums(500 * time.Millisecond)
+			t.Logf("after the move: %v = %d", parts, total)
+			if ok := total == 100*derivedAccounts; ok == broken {
+				t.Fatalf("broken=%v: the sums %v add up to %d (want %d)", broken, parts, total, 100*derivedAccounts)
+			}
+		})
+	}
+}
