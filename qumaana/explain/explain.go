@@ -101,6 +101,10 @@ type Dependency struct {
 	// row a result holds adds the tag RowTag=<its key> reading the
 	// display columns.
 	RowSplit *RowSplit `json:"row_split,omitempty"`
+	// CoveredBy names the derived tag column set of another dependency
+	// that covers this one (quma.Dep.CoveredBy): its Tags are held only
+	// when that dependency falls back to its table tag.
+	CoveredBy string `json:"covered_by,omitempty"`
 }
 
 // RowSplit is how a dependency narrows to a result's rows.
@@ -174,7 +178,12 @@ func Statement(sql string, o Options) (*Report, error) {
 	reads := map[string]*TableReads{}
 	for _, d := range t.Deps {
 		tables[d.Table] = true
-		r.Dependencies = append(r.Dependencies, dependency(d, sets, proposed, o.Solution != nil || o.TagSets != nil))
+		dep := dependency(d, sets, proposed, o.Solution != nil || o.TagSets != nil)
+		if d.CoveredBy > 0 {
+			cov := t.Deps[d.CoveredBy-1]
+			dep.CoveredBy = tags.ColumnSetName(cov.Table, cov.KeyColumns)
+		}
+		r.Dependencies = append(r.Dependencies, dep)
 		tr := reads[d.Table]
 		if tr == nil {
 			tr = &TableReads{Table: d.Table}
@@ -201,6 +210,21 @@ func Statement(sql string, o Options) (*Report, error) {
 		for _, set := range sets[w.Table] {
 			pub = append(pub, tags.ColumnSetName(w.Table, set))
 		}
+		// derived sets of other tables through this one: a change of a
+		// row they reference publishes their groups
+		var through []string
+		for table, tsets := range sets {
+			for _, set := range tsets {
+				for _, c := range set {
+					if _, ref, _, ok := tags.ParseDerivedColumn(c); ok && ref == w.Table && table != w.Table {
+						through = append(through, tags.ColumnSetName(table, set))
+						break
+					}
+				}
+			}
+		}
+		sort.Strings(through)
+		pub = append(pub, through...)
 		r.Writes = append(r.Writes, Write{Table: w.Table, Columns: w.Columns, AllColumns: w.AllColumns, Truncate: w.Truncate, Publishes: pub})
 	}
 	for table := range tables {
@@ -229,6 +253,9 @@ func dependency(d quma.Dep, sets, proposed map[string][][]string, fromFile bool)
 	}
 	out.KeyColumns = d.KeyColumns
 	out.Tags = keyedTags(d.Table, d.KeyColumns, d.Values())
+	if tags.IsDerivedSet(d.KeyColumns) {
+		out.Tags = append(out.Tags, tags.SetTag(d.Table, d.KeyColumns).String())
+	}
 	return out
 }
 

@@ -65,6 +65,36 @@ func TestStatement(t *testing.T) {
 				t.Errorf("items' tag column sets %v", got)
 			}
 		}},
+		{"a join keyed on a derived set", "SELECT items.id, items.name FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2", withFile, func(t *testing.T, r *Report) {
+			set := `public.items(category,"seller->public.users.region")`
+			var items, users *Dependency
+			for i := range r.Dependencies {
+				switch r.Dependencies[i].Table {
+				case "public.items":
+					items = &r.Dependencies[i]
+				case "public.users":
+					users = &r.Dependencies[i]
+				}
+			}
+			if items == nil || !slices.Equal(items.Tags, []string{set + "=($1,$2)", set + "="}) {
+				t.Errorf("items' dependency %+v: want the derived tag and the set tag", items)
+			}
+			if users == nil || users.CoveredBy != set {
+				t.Errorf("users' dependency %+v: want covered by %s", users, set)
+			}
+			var b strings.Builder
+			if err := r.WriteText(&b); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(b.String(), "covered by "+set) {
+				t.Errorf("the text report does not say users is covered:\n%s", b.String())
+			}
+		}},
+		{"a write to a referenced table publishes the derived set", "UPDATE users SET region = $1 WHERE id = $2", withFile, func(t *testing.T, r *Report) {
+			if len(r.Writes) != 1 || !slices.Contains(r.Writes[0].Publishes, `public.items(category,"seller->public.users.region")`) {
+				t.Errorf("writes %+v", r.Writes)
+			}
+		}},
 		{"same template, other literal", "SELECT * FROM items WHERE id = 42", withFile, func(t *testing.T, r *Report) {
 			if r.Template != "a9016ab64423ac2a" || r.Normalized != "SELECT * FROM items WHERE id = $1" {
 				t.Errorf("template %q, normalized %q", r.Template, r.Normalized)

@@ -75,6 +75,9 @@ func (r *Report) WriteText(w io.Writer) error {
 			if len(d.KeyColumns) == 0 {
 				how = "table tag: " + d.TableTagReason
 			}
+			if d.CoveredBy != "" {
+				how = "covered by " + d.CoveredBy + " (held only when its values cannot be keyed), else " + how
+			}
 			fmt.Fprintf(tw, "  %s\t%s\treads %s\n", strings.Join(d.Tags, " "), how, columns(d.Reads, d.AllColumns))
 			if s := d.RowSplit; s != nil {
 				fmt.Fprintf(tw, "  \t  split by rows: these tags read only %s; each row of a result adds %s=<column %d> reading %s\t\n",
