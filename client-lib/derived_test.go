@@ -2,6 +2,7 @@ package larder
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/invalidator/publisher"
 )
 
@@ -38,9 +40,12 @@ const (
 	derivedRegions  = 3
 )
 
-// derivedStack starts a stack on the accounts and owners, and a client
-// that keys the region sums on the derived set.
-func derivedStack(t *testing.T) (*stack, *Client) {
+// derivedTemplates are the workload of the stacks' QUMA file.
+var derivedTemplates = []string{derivedRegionSum,
+	"UPDATE accts SET balance = balance + $1 WHERE id = $2", "UPDATE owners SET region = $1 WHERE id = $2", "UPDATE accts SET owner = $1 WHERE id = $2"}
+
+// derivedSeed puts owner i in region 1+i%3 and account i with owner 1+i%6.
+func derivedSeed() string {
 	var seed []string
 	for i := 1; i <= derivedOwners; i++ {
 		seed = append(seed, fmt.Sprintf("INSERT INTO owners VALUES (%d, %d, 'o%d')", i, 1+i%derivedRegions, i))
@@ -48,8 +53,13 @@ func derivedStack(t *testing.T) (*stack, *Client) {
 	for i := 1; i <= derivedAccounts; i++ {
 		seed = append(seed, fmt.Sprintf("INSERT INTO accts VALUES (%d, %d, 1, 100)", i, 1+i%derivedOwners))
 	}
-	s := startStackWith(t, derivedSchema, strings.Join(seed, ";"), derivedRegionSum,
-		"UPDATE accts SET balance = balance + $1 WHERE id = $2", "UPDATE owners SET region = $1 WHERE id = $2", "UPDATE accts SET owner = $1 WHERE id = $2")
+	return strings.Join(seed, ";")
+}
+
+// derivedStack starts a stack on the accounts and owners, and a client
+// that keys the region sums on the derived set.
+func derivedStack(t *testing.T) (*stack, *Client) {
+	s := startStackWith(t, derivedSchema, derivedSeed(), derivedTemplates...)
 	c := s.client(t, 8<<20)
 	// The client keys the join on the derived set once the invalidator
 	// publishes it (the client registers it at its start).
@@ -266,6 +276,105 @@ func TestDerivedJoinOwnerMoves(t *testing.T) {
 			if ok := total == 100*derivedAccounts; ok == broken {
 				t.Fatalf("broken=%v: the sums %v add up to %d (want %d)", broken, parts, total, 100*derivedAccounts)
 			}
+		})
+	}
+}
+
+// Through database/sql: a region's sum stays cached when accounts of
+// another region change and when an owner no account names is added to
+// it; an owner moving into it shows at once. Without the derived set
+// (larder.register-tag-sets=false) every change of the two tables ends it.
+func TestDerivedJoinThroughDatabaseSQL(t *testing.T) {
+	for _, derived := range []bool{true, false} {
+		t.Run(fmt.Sprintf("derived=%v", derived), func(t *testing.T) {
+			var s *stack
+			if derived {
+				s, _ = derivedStack(t)
+			} else {
+				// No client registers the derived set.
+				s = startStackWith(t, derivedSchema, derivedSeed(), derivedTemplates...)
+				s.openWith(t, []string{s.node}, 0, true, func(cfg *Config) { cfg.NoRegisterTagSets = true })
+			}
+			ctx := context.Background()
+			dsn := s.dsn(fmt.Sprintf("larder.register-tag-sets=%v", derived))
+			db := openDB(t, DriverName, dsn)
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			read := func() int {
+				t.Helper()
+				tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Commit()
+				var v int
+				if err := tx.QueryRowContext(ctx, derivedRegionSum, 1, 1).Scan(&v); err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+			write := func(sql string) {
+				t.Helper()
+				if _, err := conn.ExecContext(ctx, sql); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pg := func() int {
+				var v int
+				if err := s.conn.QueryRow(ctx, derivedRegionSum, 1, 1).Scan(&v); err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+			d := registered.(*Driver)
+			if got, want := read(), pg(); got != want {
+				t.Fatalf("first read %d, want %d", got, want)
+			}
+			d.mu.Lock()
+			cl := d.clients[dsn]
+			d.mu.Unlock()
+			if cl == nil {
+				t.Fatal("no client behind the DSN")
+			}
+			untilHit := func(what string) int64 {
+				t.Helper()
+				want := pg()
+				cl.puts.Wait()
+				stale, hits := cl.stats.NodeMisses[store.MissStaleness].Load(), cl.stats.NodeHits.Load()
+				for deadline := time.Now().Add(30 * time.Second); cl.stats.NodeHits.Load() == hits; cl.puts.Wait() {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: no node hit in 30 s", what)
+					}
+					if got := read(); got != want {
+						t.Fatalf("%s: sum %d, want %d", what, got, want)
+					}
+				}
+				return cl.stats.NodeMisses[store.MissStaleness].Load() - stale
+			}
+			untilHit("cached")
+
+			// Region 3's accounts and owners; a new owner in region 1.
+			write("UPDATE accts SET balance = balance + 1 WHERE owner = 2") // owner 2 is in region 3
+			write("UPDATE owners SET name = 'renamed' WHERE id = 3")        // owner 3 is in region 1
+			write("INSERT INTO owners VALUES (100, 1, 'new')")
+			stale := untilHit("after changes that leave region 1's sum alone")
+			switch {
+			case derived && stale != 0:
+				t.Errorf("derived: %d staleness misses after changes that leave region 1's sum alone, want 0", stale)
+			case !derived && stale == 0:
+				t.Errorf("without the derived set: no staleness miss: the test cannot tell them apart")
+			}
+
+			// An owner moves into region 1: at once.
+			write("UPDATE owners SET region = 1 WHERE id = 2")
+			if got, want := read(), pg(); got != want {
+				t.Fatalf("after an owner moved in: sum %d, want %d", got, want)
+			}
+			untilHit("after an owner moved in")
+			write("UPDATE owners SET region = 3 WHERE id = 2")
 		})
 	}
 }

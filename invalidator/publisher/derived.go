@@ -426,27 +426,11 @@ func (ix *derivedIndex) load(ctx context.Context, conn *pgx.Conn) (rows int, err
 		return 0, err
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
-	key, err := primaryKeyOf(ctx, tx, ix.ref)
+	key, err := ix.checkReference(ctx, tx)
 	if err != nil {
 		return 0, err
 	}
 	ix.refKey = key
-	var fkType, keyType *string
-	err = tx.QueryRow(ctx, `
-SELECT (SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped),
-       (SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = to_regclass($3) AND attname = $4 AND NOT attisdropped)`,
-		pgx.Identifier(strings.SplitN(ix.table, ".", 2)).Sanitize(), ix.fk, pgx.Identifier(strings.SplitN(ix.ref, ".", 2)).Sanitize(), key).Scan(&fkType, &keyType)
-	if err != nil {
-		return 0, fmt.Errorf("read the types of %s.%s and %s.%s: %w", ix.table, ix.fk, ix.ref, key, err)
-	}
-	switch {
-	case fkType == nil:
-		return 0, fmt.Errorf("%s has no column %s", ix.table, ix.fk)
-	case keyType == nil:
-		return 0, fmt.Errorf("%s has no column %s", ix.ref, key)
-	case *fkType != *keyType:
-		return 0, fmt.Errorf("%s.%s is %s and %s.%s is %s: a derived column needs the same type on both sides", ix.table, ix.fk, *fkType, ix.ref, key, *keyType)
-	}
 	quote := func(c string) string { return pgx.Identifier{c}.Sanitize() }
 	table := func(t string) string { return pgx.Identifier(strings.SplitN(t, ".", 2)).Sanitize() }
 	refs := make([]string, len(ix.refCol))
@@ -522,9 +506,7 @@ func tableColumns(set []string) []string {
 }
 
 // checkDerived says why a derived set of table cannot be published (""
-// when it can): its referenced table must be covered, with a single-column,
-// immediately checked primary key of the foreign key's type, and have the
-// referenced columns.
+// when it can): its referenced table must be covered (checkReference).
 func checkDerived(ctx context.Context, q querier, table string, set []string, covered map[string][][]string) string {
 	ix, err := newDerivedIndex(table, set)
 	if err != nil {
@@ -533,9 +515,19 @@ func checkDerived(ctx context.Context, q querier, table string, set []string, co
 	if _, ok := covered[ix.ref]; !ok {
 		return "table " + ix.ref + " is not covered by the invalidator: its changes would not be decoded"
 	}
+	if _, err := ix.checkReference(ctx, q); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// checkReference returns the referenced table's primary key, or why the set
+// cannot be indexed: that key must be a single, immediately checked column
+// of the foreign key's type, and the referenced columns must exist.
+func (ix *derivedIndex) checkReference(ctx context.Context, q querier) (string, error) {
 	key, err := primaryKeyOf(ctx, q, ix.ref)
 	if err != nil {
-		return err.Error()
+		return "", err
 	}
 	var fkType, keyType *string
 	var missing []string
@@ -543,18 +535,18 @@ func checkDerived(ctx context.Context, q querier, table string, set []string, co
 SELECT (SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped),
        (SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = to_regclass($3) AND attname = $4 AND NOT attisdropped),
        coalesce((SELECT array_agg(c) FROM unnest($5::text[]) c WHERE NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($3) AND attname = c AND NOT attisdropped)), '{}')`,
-		pgx.Identifier(strings.SplitN(table, ".", 2)).Sanitize(), ix.fk, pgx.Identifier(strings.SplitN(ix.ref, ".", 2)).Sanitize(), key, ix.refCol).Scan(&fkType, &keyType, &missing)
+		pgx.Identifier(strings.SplitN(ix.table, ".", 2)).Sanitize(), ix.fk, pgx.Identifier(strings.SplitN(ix.ref, ".", 2)).Sanitize(), key, ix.refCol).Scan(&fkType, &keyType, &missing)
 	switch {
 	case err != nil:
-		return "read the columns: " + err.Error()
+		return "", fmt.Errorf("read the columns of %s and %s: %w", ix.table, ix.ref, err)
 	case fkType == nil:
-		return "table " + table + " has no column " + ix.fk
+		return "", fmt.Errorf("table %s has no column %s", ix.table, ix.fk)
 	case len(missing) > 0:
-		return "table " + ix.ref + " has no column " + missing[0]
+		return "", fmt.Errorf("table %s has no column %s", ix.ref, missing[0])
 	case keyType == nil || *fkType != *keyType:
-		return fmt.Sprintf("%s.%s is %s and the primary key %s.%s is not: a derived column needs the same type on both sides", table, ix.fk, *fkType, ix.ref, key)
+		return "", fmt.Errorf("%s.%s is %s and the primary key %s.%s is not: a derived column needs the same type on both sides", ix.table, ix.fk, *fkType, ix.ref, key)
 	}
-	return ""
+	return key, nil
 }
 
 // querier is a connection or a transaction.
@@ -654,19 +646,23 @@ func (p *Publisher) syncDerived() {
 	p.m.derivedSets.Set(float64(len(keep)))
 }
 
-// loadDerived loads the indexes not loaded (every derivedRetry after a
-// failure, unless now) or broken by a change, on the session's connection.
-func (p *Publisher) loadDerived(ctx context.Context, now bool) {
+// loadDerived loads the indexes not loaded or broken by a change, on the
+// session's connection: at once for reason now ("start", "registration"),
+// else every derivedRetry after a failure.
+func (p *Publisher) loadDerived(ctx context.Context, now string) {
 	for _, ix := range p.cs.derived {
 		if ix.loaded && !ix.broken {
 			continue
 		}
-		if !now && !ix.broken && time.Since(ix.lastTry) < derivedRetry {
+		if now == "" && !ix.broken && time.Since(ix.lastTry) < derivedRetry {
 			continue
 		}
-		why := "start"
-		if ix.broken {
+		why := now
+		switch {
+		case ix.broken:
 			why = ix.lastError.Error()
+		case why == "":
+			why = "retry"
 		}
 		began := time.Now()
 		p.connMu.Lock()

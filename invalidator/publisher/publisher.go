@@ -292,7 +292,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	for _, ix := range p.derived {
 		ix.loaded, ix.broken = false, false
 	}
-	p.loadDerived(ctx, true)
+	p.loadDerived(ctx, "start")
 	p.connMu.Lock()
 	p.slotStats(ctx, conn)
 	p.connMu.Unlock()
@@ -979,7 +979,7 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 		// An index a change could not be applied to is read again now:
 		// the commits decoded next are above its snapshot's position or
 		// publish the set's tag.
-		p.loadDerived(ctx, false)
+		p.loadDerived(ctx, "")
 	}
 	if len(p.regs) > 0 {
 		if err := p.applyRegistrations(ctx, uint64(m.CommitLSN)); err != nil {

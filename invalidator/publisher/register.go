@@ -441,7 +441,7 @@ func (p *Publisher) applyRegistrations(ctx context.Context, commit uint64) error
 			// them; the commits after the registration's up to the index's
 			// snapshot publish their set tags.
 			p.syncDerived()
-			p.loadDerived(ctx, true)
+			p.loadDerived(ctx, "registration")
 			p.m.registrations.WithLabelValues("registered").Add(float64(added))
 			p.reg.mu.Lock()
 			p.m.registeredSets.Set(float64(p.reg.count))
