@@ -650,9 +650,12 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		t.c.m.templateRead(tpl.ID, "uncached")
 		return t.atSnapshot(ctx, sql, args, k.coveredOf(tpl.Deps))
 	}
-	tables := make([]string, 0, len(qtags))
-	for _, q := range qtags {
-		tables = append(tables, q.Table)
+	// Every table the query reads, also one whose tags another
+	// dependency's derived tags stand for (quma.Dep.CoveredBy): its changes
+	// must be published too.
+	tables := make([]string, 0, len(tpl.Deps))
+	for _, d := range tpl.Deps {
+		tables = append(tables, d.Table)
 	}
 	if reason, ok := k.uncovered(tables); ok {
 		t.c.stats.Uncacheable.Add(1)

@@ -162,6 +162,7 @@ func (r *relation) keyTag(s int, vals []string) string {
 // changeSet accumulates one transaction's changes by tag.
 type changeSet struct {
 	lsn     uint64 // the transaction's commit LSN
+	xid     uint32
 	derived []*derivedIndex
 	byTag   map[string]int
 	changes []invalidation.Change

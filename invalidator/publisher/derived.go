@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -45,8 +46,12 @@ import (
 // cannot be trusted: not loaded, an old row unknown, a truncation or schema
 // change of A or B) the publisher publishes the set's own tag (tags.SetTag),
 // which every result keyed on the set also holds, so they all end. Changes of
-// such commits are still applied: replayed in commit order onto the snapshot,
-// each key ends at its value as of loadedAt.
+// such commits are applied only when the snapshot does not hold their
+// transaction (its xmin, xmax and in-progress list), so that after the
+// last of them the index holds the database as of loadedAt. Before a load,
+// every commit the decoder passed recently must be visible (a commit record
+// can be decoded before its transaction leaves the proc array): its changes
+// are then in the snapshot, as they will not be decoded again.
 type derivedIndex struct {
 	name    string // the set's name: public.items(category,"seller->public.users.region")
 	table   string // A
@@ -64,6 +69,10 @@ type derivedIndex struct {
 
 	loaded   bool
 	loadedAt uint64 // commits at or below it publish the set tag
+	// the load's snapshot: a commit at or below loadedAt that it holds is
+	// not applied again (the multiset of A's rows would count it twice)
+	snapXmin, snapXmax uint64
+	snapXip            map[uint64]bool
 	// broken: a change could not be applied (an old row unknown, a
 	// truncation, a schema change): reload after the commit.
 	broken    bool
@@ -134,6 +143,25 @@ func (ix *derivedIndex) touches(table string) bool { return table == ix.table ||
 // exact reports whether the keyed tags of a commit at lsn can be computed.
 func (ix *derivedIndex) exact(lsn uint64) bool {
 	return ix.loaded && !ix.broken && lsn > ix.loadedAt
+}
+
+// inSnapshot reports whether the load's snapshot holds transaction xid
+// (32 bits, as pgoutput gives it): committed before the snapshot was taken.
+func (ix *derivedIndex) inSnapshot(xid uint32) bool {
+	x := widenXID(xid, ix.snapXmax)
+	return x < ix.snapXmin || x < ix.snapXmax && !ix.snapXip[x]
+}
+
+// widenXID returns the 64-bit transaction id of xid within 2^31 of ref.
+func widenXID(xid uint32, ref uint64) uint64 {
+	x := ref&^0xFFFFFFFF | uint64(xid)
+	switch {
+	case x > ref && x-ref >= 1<<31 && x >= 1<<32:
+		x -= 1 << 32
+	case x < ref && ref-x > 1<<31:
+		x += 1 << 32
+	}
+	return x
 }
 
 // bindA resolves A's columns in r.
@@ -253,13 +281,16 @@ func (ix *derivedIndex) removeA(fk, plain string) {
 // exist before, or after) and publishes its tags when exact. changed lists
 // the columns an update changed (nil with allCols when unknown).
 func (ix *derivedIndex) changeA(cs *changeSet, r *relation, ov, nv []value, changed []string, allCols bool) {
-	if err := ix.bindA(r); err != nil {
-		ix.breakOff(cs, err)
-		return
-	}
 	exact := ix.exact(cs.lsn)
 	if !exact {
 		ix.publishSetTag(cs)
+		if !ix.loaded || ix.broken || ix.inSnapshot(cs.xid) {
+			return
+		}
+	}
+	if err := ix.bindA(r); err != nil {
+		ix.breakOff(cs, err)
+		return
 	}
 	var oFK, oPlain, nFK, nPlain string
 	var oIn, nIn bool
@@ -276,9 +307,6 @@ func (ix *derivedIndex) changeA(cs *changeSet, r *relation, ov, nv []value, chan
 			ix.breakOff(cs, errors.New("a new row of "+ix.table+" lacks a column of the set"))
 			return
 		}
-	}
-	if !ix.loaded || ix.broken {
-		return
 	}
 	if exact {
 		var oTag, nTag string
@@ -314,15 +342,15 @@ func (ix *derivedIndex) changeA(cs *changeSet, r *relation, ov, nv []value, chan
 // changeB applies a change of a B row. old values of the referenced columns
 // come from the index (B's replica identity need only hold its key).
 func (ix *derivedIndex) changeB(cs *changeSet, r *relation, ov, nv []value) {
-	if err := ix.bindB(r); err != nil {
-		ix.breakOff(cs, err)
-		return
-	}
 	exact := ix.exact(cs.lsn)
 	if !exact {
 		ix.publishSetTag(cs)
+		if !ix.loaded || ix.broken || ix.inSnapshot(cs.xid) {
+			return
+		}
 	}
-	if !ix.loaded || ix.broken {
+	if err := ix.bindB(r); err != nil {
+		ix.breakOff(cs, err)
 		return
 	}
 	var oKey, nKey string
@@ -410,8 +438,9 @@ func (ix *derivedIndex) publishSetTag(cs *changeSet) {
 	cs.add(ix.table, invalidation.Change{Tag: ix.setTag, Rows: true})
 }
 
-// load reads the index from a snapshot. conn must not be in a transaction.
-func (ix *derivedIndex) load(ctx context.Context, conn *pgx.Conn) (rows int, err error) {
+// load reads the index from a snapshot. conn must not be in a transaction;
+// decoded are the transactions of the commits decoded lately (recentXIDs).
+func (ix *derivedIndex) load(ctx context.Context, conn *pgx.Conn, decoded []uint32) (rows int, err error) {
 	ix.lastTry = time.Now()
 	ix.loaded, ix.broken = false, false
 	ix.refRows, ix.byFK = nil, nil
@@ -429,6 +458,12 @@ func (ix *derivedIndex) load(ctx context.Context, conn *pgx.Conn) (rows int, err
 	key, err := ix.checkReference(ctx, tx)
 	if err != nil {
 		return 0, err
+	}
+	if ix.refKey != "" && key != ix.refKey {
+		// Results keyed through the old key may still be cached, and
+		// clients may still derive through it: never index this set again
+		// in this process.
+		return 0, fmt.Errorf("the primary key of %s changed from %s to %s", ix.ref, ix.refKey, key)
 	}
 	ix.refKey = key
 	quote := func(c string) string { return pgx.Identifier{c}.Sanitize() }
@@ -477,16 +512,55 @@ func (ix *derivedIndex) load(ctx context.Context, conn *pgx.Conn) (rows int, err
 	}
 	// Every commit visible to the snapshot wrote its commit record before
 	// this position: a commit above it is not in the snapshot.
-	var at string
-	if err := tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&at); err != nil {
+	var at, snap string
+	if err := tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text, pg_current_snapshot()::text").Scan(&at, &snap); err != nil {
 		return rows, err
 	}
 	lsn, err := parseLSN(at)
 	if err != nil {
 		return rows, err
 	}
+	if ix.snapXmin, ix.snapXmax, ix.snapXip, err = parseSnapshot(snap); err != nil {
+		return rows, err
+	}
+	// The commits decoded before the load are not decoded again: the
+	// snapshot must hold them.
+	for _, xid := range decoded {
+		if !ix.inSnapshot(xid) {
+			return rows, fmt.Errorf("%w: transaction %d", errNotYetVisible, xid)
+		}
+	}
 	ix.refRows, ix.loadedAt, ix.loaded, ix.lastError = refRows, lsn, true, nil
 	return rows, nil
+}
+
+// errNotYetVisible: a decoded commit's transaction was still in progress for
+// the load's snapshot; the load is tried again.
+var errNotYetVisible = errors.New("a decoded commit is not yet visible")
+
+// parseSnapshot parses pg_snapshot's text form "xmin:xmax:xip,xip".
+func parseSnapshot(s string) (xmin, xmax uint64, xip map[uint64]bool, err error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return 0, 0, nil, fmt.Errorf("not a snapshot: %q", s)
+	}
+	if xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return 0, 0, nil, fmt.Errorf("not a snapshot: %q", s)
+	}
+	if xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return 0, 0, nil, fmt.Errorf("not a snapshot: %q", s)
+	}
+	xip = map[uint64]bool{}
+	if parts[2] != "" {
+		for _, x := range strings.Split(parts[2], ",") {
+			v, err := strconv.ParseUint(x, 10, 64)
+			if err != nil {
+				return 0, 0, nil, fmt.Errorf("not a snapshot: %q", s)
+			}
+			xip[v] = true
+		}
+	}
+	return xmin, xmax, xip, nil
 }
 
 // tableColumns returns the columns of table a set needs in the table's
@@ -529,16 +603,26 @@ func (ix *derivedIndex) checkReference(ctx context.Context, q querier) (string, 
 	if err != nil {
 		return "", err
 	}
+	// Types are compared without their modifiers: varchar(10) and
+	// varchar(20) print a value alike.
 	var fkType, keyType *string
 	var missing []string
+	var aKind, bKind, bIdentity string
 	err = q.QueryRow(ctx, `
-SELECT (SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped),
-       (SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = to_regclass($3) AND attname = $4 AND NOT attisdropped),
-       coalesce((SELECT array_agg(c) FROM unnest($5::text[]) c WHERE NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($3) AND attname = c AND NOT attisdropped)), '{}')`,
-		pgx.Identifier(strings.SplitN(ix.table, ".", 2)).Sanitize(), ix.fk, pgx.Identifier(strings.SplitN(ix.ref, ".", 2)).Sanitize(), key, ix.refCol).Scan(&fkType, &keyType, &missing)
+SELECT (SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped),
+       (SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = to_regclass($3) AND attname = $4 AND NOT attisdropped),
+       coalesce((SELECT array_agg(c) FROM unnest($5::text[]) c WHERE NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($3) AND attname = c AND NOT attisdropped)), '{}'),
+       (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)),
+       (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($3)),
+       (SELECT relreplident::text FROM pg_class WHERE oid = to_regclass($3))`,
+		pgx.Identifier(strings.SplitN(ix.table, ".", 2)).Sanitize(), ix.fk, pgx.Identifier(strings.SplitN(ix.ref, ".", 2)).Sanitize(), key, ix.refCol).Scan(&fkType, &keyType, &missing, &aKind, &bKind, &bIdentity)
 	switch {
 	case err != nil:
 		return "", fmt.Errorf("read the columns of %s and %s: %w", ix.table, ix.ref, err)
+	case aKind != "r" || bKind != "r":
+		return "", fmt.Errorf("%s and %s must be plain tables (not partitioned, views or foreign tables) for a derived column", ix.table, ix.ref)
+	case bIdentity != "d" && bIdentity != "f":
+		return "", fmt.Errorf("the replica identity of %s must be DEFAULT (its primary key) or FULL for a derived column: a change must give the old key", ix.ref)
 	case fkType == nil:
 		return "", fmt.Errorf("table %s has no column %s", ix.table, ix.fk)
 	case len(missing) > 0:
@@ -622,12 +706,15 @@ func (p *Publisher) syncDerived() {
 				continue
 			}
 			setName := invalidation.SetName(name, set)
-			if ix := p.derived[setName]; ix != nil {
+			if ix := p.derived[setName]; ix != nil && p.tables[ix.ref] != nil {
 				keep[setName] = ix
 				sets = append(sets, set)
 				continue
 			}
 			ix, err := newDerivedIndex(name, set)
+			if err == nil && p.tables[ix.ref] == nil {
+				err = errors.New("table " + ix.ref + " is not covered: its changes are not decoded")
+			}
 			if err != nil {
 				p.cfg.Log.Warn("derived tag column set not published", "set", setName, "err", err)
 				continue
@@ -665,15 +752,21 @@ func (p *Publisher) loadDerived(ctx context.Context, now string) {
 			why = "retry"
 		}
 		began := time.Now()
-		p.connMu.Lock()
 		var rows int
 		var err error
-		if p.conn == nil {
-			err = errors.New("not connected")
-		} else {
-			rows, err = ix.load(ctx, p.conn)
+		for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+			p.connMu.Lock()
+			if p.conn == nil {
+				err = errors.New("not connected")
+			} else {
+				rows, err = ix.load(ctx, p.conn, p.recent.xids())
+			}
+			p.connMu.Unlock()
+			if !errors.Is(err, errNotYetVisible) || time.Since(began) > ackTimeout || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(wait)
 		}
-		p.connMu.Unlock()
 		if err != nil {
 			p.m.derivedLoads.WithLabelValues("failed").Inc()
 			p.cfg.Log.Error("could not index a derived tag column set: every change of its tables ends every result keyed on it", "set", ix.name, "err", err, "retry_in", derivedRetry)
@@ -692,4 +785,37 @@ func (p *Publisher) countSetTags() {
 			p.m.derivedSetTags.Inc()
 		}
 	}
+}
+
+// recentXIDs remembers the transactions of the last commits decoded: a load
+// checks that its snapshot holds them all. Commits decoded more than
+// recentXIDAge ago are left out: visible long since (a commit's transaction
+// leaves the proc array right after its commit record, or once a
+// synchronous standby confirmed it), and their 32-bit ids could no longer
+// be placed in an epoch.
+type recentXIDs struct {
+	ring [1024]decodedXID
+	n    int
+}
+
+type decodedXID struct {
+	xid uint32
+	at  time.Time
+}
+
+const recentXIDAge = 10 * time.Minute
+
+func (r *recentXIDs) add(xid uint32) {
+	r.ring[r.n%len(r.ring)] = decodedXID{xid, time.Now()}
+	r.n++
+}
+
+func (r *recentXIDs) xids() []uint32 {
+	var out []uint32
+	for _, d := range r.ring[:min(r.n, len(r.ring))] {
+		if time.Since(d.at) < recentXIDAge {
+			out = append(out, d.xid)
+		}
+	}
+	return out
 }

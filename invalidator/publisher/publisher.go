@@ -152,6 +152,7 @@ type Publisher struct {
 	regs      []registerPayload     // the open transaction's registrations
 	relations map[uint32]*relation
 	derived   map[string]*derivedIndex // by set name (derived.go)
+	recent    recentXIDs               // of the commits decoded lately (derived.go)
 
 	// the open transaction
 	inTxn bool
@@ -831,7 +832,7 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) error {
 	case *pglogrepl.BeginMessage:
 		p.inTxn, p.hbTxn, p.begin = true, false, *m
 		p.cs.reset()
-		p.cs.lsn = uint64(m.FinalLSN)
+		p.cs.lsn, p.cs.xid = uint64(m.FinalLSN), m.Xid
 		p.ddl = p.ddl[:0]
 		p.regs = p.regs[:0]
 	case *pglogrepl.RelationMessage:
@@ -968,6 +969,7 @@ func (p *Publisher) commit(ctx context.Context, m *pglogrepl.CommitMessage) erro
 		changes, tables = collapse(changes, tables)
 		p.m.flushes.WithLabelValues("large_transaction").Inc()
 	}
+	p.recent.add(p.begin.Xid)
 	if len(p.cs.derived) > 0 {
 		p.countSetTags()
 	}
