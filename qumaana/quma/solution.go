@@ -162,7 +162,11 @@ func (s *Schema) checkDerived(t *Table, c string) error {
 	if len(ref.PrimaryKey) != 1 {
 		return fmt.Errorf("derived tag column %q: referenced table %s has no single-column primary key", c, refTable)
 	}
-	if pk := ref.Column(ref.PrimaryKey[0]); pk.Type != fkCol.Type {
+	pk := ref.Column(ref.PrimaryKey[0])
+	if pk == nil {
+		return fmt.Errorf("derived tag column %q: the primary key column %q of %s is not among its columns", c, ref.PrimaryKey[0], refTable)
+	}
+	if pk.Type != fkCol.Type {
 		return fmt.Errorf("derived tag column %q: foreign key %s has type %s, the primary key %s of %s has type %s", c, fk, fkCol.Type, pk.Name, refTable, pk.Type)
 	}
 	col := ref.Column(refCol)
