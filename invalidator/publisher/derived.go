@@ -166,44 +166,39 @@ func widenXID(xid uint32, ref uint64) uint64 {
 
 // bindA resolves A's columns in r.
 func (ix *derivedIndex) bindA(r *relation) error {
-	if r == ix.aRel {
-		return ix.aErr
-	}
-	ix.aRel, ix.aErr = r, nil
-	pos := func(c string) int { return slices.Index(r.columns, c) }
-	if ix.aFK = pos(ix.fk); ix.aFK < 0 {
-		ix.aErr = fmt.Errorf("%s has no column %s", r.name, ix.fk)
-	}
-	ix.aPlain = ix.aPlain[:0]
-	for _, c := range ix.plain {
-		i := pos(c)
-		if i < 0 {
-			ix.aErr = fmt.Errorf("%s has no column %s", r.name, c)
+	if r != ix.aRel {
+		var ps []int
+		ps, ix.aErr = columnPositions(r, append([]string{ix.fk}, ix.plain...))
+		if ix.aErr == nil {
+			ix.aFK, ix.aPlain = ps[0], ps[1:]
 		}
-		ix.aPlain = append(ix.aPlain, i)
+		ix.aRel = r
 	}
 	return ix.aErr
 }
 
 // bindB resolves B's columns in r.
 func (ix *derivedIndex) bindB(r *relation) error {
-	if r == ix.bRel {
-		return ix.bErr
-	}
-	ix.bRel, ix.bErr = r, nil
-	pos := func(c string) int { return slices.Index(r.columns, c) }
-	if ix.bKey = pos(ix.refKey); ix.bKey < 0 || ix.refKey == "" {
-		ix.bErr = fmt.Errorf("%s has no column %q", r.name, ix.refKey)
-	}
-	ix.bRefs = ix.bRefs[:0]
-	for _, c := range ix.refCol {
-		i := pos(c)
-		if i < 0 {
-			ix.bErr = fmt.Errorf("%s has no column %s", r.name, c)
+	if r != ix.bRel {
+		var ps []int
+		ps, ix.bErr = columnPositions(r, append([]string{ix.refKey}, ix.refCol...))
+		if ix.bErr == nil {
+			ix.bKey, ix.bRefs = ps[0], ps[1:]
 		}
-		ix.bRefs = append(ix.bRefs, i)
+		ix.bRel = r
 	}
 	return ix.bErr
+}
+
+// columnPositions returns the positions of columns in r's tuples.
+func columnPositions(r *relation, columns []string) ([]int, error) {
+	ps := make([]int, len(columns))
+	for i, c := range columns {
+		if ps[i] = slices.Index(r.columns, c); ps[i] < 0 {
+			return nil, fmt.Errorf("%s has no column %q", r.name, c)
+		}
+	}
+	return ps, nil
 }
 
 // aKey returns the foreign key and the joined plain values of an A row: ok
