@@ -95,17 +95,23 @@ func derivedStack(t *testing.T) (*stack, *Client) {
 }
 
 func TestSnapshotConsistencyDerivedJoin(t *testing.T) {
-	for _, broken := range []bool{false, true} {
-		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		broken, restart bool
+	}{{"broken=false", false, false}, {"broken=true", true, false}, {"invalidator-restarts", false, true}} {
+		t.Run(c.name, func(t *testing.T) {
 			// broken: the invalidator leaves out what an owner's move
-			// changes, so cached sums of the regions go stale.
-			publisher.SkipReferencedChangesForTest.Store(broken)
+			// changes, so cached sums of the regions go stale. restart:
+			// the invalidator stops twice in the run and starts again: it
+			// decodes again what its slot had not confirmed, its index
+			// read anew.
+			publisher.SkipReferencedChangesForTest.Store(c.broken)
 			defer publisher.SkipReferencedChangesForTest.Store(false)
-			violations, reads, hits := derivedJoinRun(t)
+			violations, reads, hits := derivedJoinRun(t, c.restart)
 			switch {
-			case broken && violations == 0:
+			case c.broken && violations == 0:
 				t.Fatalf("an invalidator that ignores owners' moves passed %d read-only transactions: the check cannot fail", reads)
-			case !broken && violations > 0:
+			case !c.broken && violations > 0:
 				t.Fatalf("%d of %d read-only transactions saw sums that do not add up", violations, reads)
 			case hits == 0:
 				t.Fatalf("no hits in %d read-only transactions: the cached path went unchecked", reads)
@@ -115,7 +121,7 @@ func TestSnapshotConsistencyDerivedJoin(t *testing.T) {
 	}
 }
 
-func derivedJoinRun(t *testing.T) (violations, reads, hits int64) {
+func derivedJoinRun(t *testing.T, restart bool) (violations, reads, hits int64) {
 	s, c := derivedStack(t)
 	ctx := context.Background()
 	run := 4 * time.Second
@@ -170,6 +176,23 @@ func derivedJoinRun(t *testing.T) (violations, reads, hits int64) {
 				time.Sleep(time.Duration(5+r.Intn(20)) * time.Millisecond)
 			}
 		}(int64(w) + 1)
+	}
+	if restart {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 1; i <= 2; i++ {
+				select {
+				case <-rctx.Done():
+					return
+				case <-time.After(run / 3):
+				}
+				s.stopInvalidator()
+				t.Logf("fault: invalidator stopped (%d)", i)
+				time.Sleep(300 * time.Millisecond) // writes go on, undecoded
+				s.startInvalidator(t)
+			}
+		}()
 	}
 	var bad, n atomic.Int64
 	for rd := 0; rd < 2; rd++ {
