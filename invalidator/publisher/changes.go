@@ -205,16 +205,6 @@ func (cs *changeSet) flush(table string) {
 	}
 }
 
-// truncate publishes a TRUNCATE of the table.
-func (cs *changeSet) truncate(table string) {
-	for _, ix := range cs.derived {
-		if ix.touches(table) {
-			ix.truncated(cs, table)
-		}
-	}
-	cs.flush(table)
-}
-
 // derivedChange applies a row change to the derived sets' indexes of its
 // table and publishes their tags (ov, nv: nil when the row did not exist
 // before, or after).

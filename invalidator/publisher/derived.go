@@ -276,16 +276,24 @@ func (ix *derivedIndex) removeA(fk, plain string) {
 	m[plain]--
 }
 
+// admit decides what a change of the open transaction does to the index:
+// exact, it publishes keyed tags; else the set tag, and it is applied only
+// to a loaded, trusted index whose snapshot does not hold the transaction.
+func (ix *derivedIndex) admit(cs *changeSet) (exact, apply bool) {
+	if ix.exact(cs.lsn) {
+		return true, true
+	}
+	ix.publishSetTag(cs)
+	return false, ix.loaded && !ix.broken && !ix.inSnapshot(cs.xid)
+}
+
 // changeA applies a change of an A row (ov, nv: nil when the row did not
 // exist before, or after) and publishes its tags when exact. changed lists
 // the columns an update changed (nil with allCols when unknown).
 func (ix *derivedIndex) changeA(cs *changeSet, r *relation, ov, nv []value, changed []string, allCols bool) {
-	exact := ix.exact(cs.lsn)
-	if !exact {
-		ix.publishSetTag(cs)
-		if !ix.loaded || ix.broken || ix.inSnapshot(cs.xid) {
-			return
-		}
+	exact, apply := ix.admit(cs)
+	if !apply {
+		return
 	}
 	if err := ix.bindA(r); err != nil {
 		ix.breakOff(cs, err)
@@ -341,12 +349,9 @@ func (ix *derivedIndex) changeA(cs *changeSet, r *relation, ov, nv []value, chan
 // changeB applies a change of a B row. old values of the referenced columns
 // come from the index (B's replica identity need only hold its key).
 func (ix *derivedIndex) changeB(cs *changeSet, r *relation, ov, nv []value) {
-	exact := ix.exact(cs.lsn)
-	if !exact {
-		ix.publishSetTag(cs)
-		if !ix.loaded || ix.broken || ix.inSnapshot(cs.xid) {
-			return
-		}
+	exact, apply := ix.admit(cs)
+	if !apply {
+		return
 	}
 	if err := ix.bindB(r); err != nil {
 		ix.breakOff(cs, err)
@@ -411,17 +416,6 @@ func (ix *derivedIndex) publishReferencing(cs *changeSet, key string, refs []val
 		if t, ok := ix.tag(plain, refs); ok {
 			cs.add(ix.table, invalidation.Change{Tag: t, Rows: true})
 		}
-	}
-}
-
-// truncated applies a TRUNCATE of table.
-func (ix *derivedIndex) truncated(cs *changeSet, table string) {
-	ix.publishSetTag(cs)
-	if table == ix.ref {
-		clear(ix.refRows)
-	}
-	if table == ix.table {
-		clear(ix.byFK)
 	}
 }
 

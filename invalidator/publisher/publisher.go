@@ -861,7 +861,7 @@ func (p *Publisher) handle(ctx context.Context, xld pglogrepl.XLogData) error {
 			if err != nil {
 				return err
 			}
-			p.cs.truncate(r.name)
+			p.cs.flush(r.name) // a derived set through it publishes its set tag and is read again
 			p.m.flushes.WithLabelValues("truncate").Inc()
 		}
 	case *pglogrepl.CommitMessage:
