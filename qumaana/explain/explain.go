@@ -210,21 +210,13 @@ func Statement(sql string, o Options) (*Report, error) {
 		for _, set := range sets[w.Table] {
 			pub = append(pub, tags.ColumnSetName(w.Table, set))
 		}
-		// derived sets of other tables through this one: a change of a
-		// row they reference publishes their groups
-		var through []string
-		for table, tsets := range sets {
-			for _, set := range tsets {
-				for _, c := range set {
-					if _, ref, _, ok := tags.ParseDerivedColumn(c); ok && ref == w.Table && table != w.Table {
-						through = append(through, tags.ColumnSetName(table, set))
-						break
-					}
-				}
+		// derived sets through this table: a change of a row they
+		// reference publishes their groups
+		for _, name := range quma.DerivedSetsThrough(sets, w.Table) {
+			if !slices.Contains(pub, name) {
+				pub = append(pub, name)
 			}
 		}
-		sort.Strings(through)
-		pub = append(pub, through...)
 		r.Writes = append(r.Writes, Write{Table: w.Table, Columns: w.Columns, AllColumns: w.AllColumns, Truncate: w.Truncate, Publishes: pub})
 	}
 	for table := range tables {

@@ -179,18 +179,18 @@ func (s *Schema) checkDerived(t *Table, c string) error {
 	return nil
 }
 
-// derivedSetsThrough names the derived tag column sets of other tables
-// whose derived columns read table: a change to it publishes their tags
-// (of the rows it joins to) too.
-func derivedSetsThrough(tables map[string]*TableEntry, table string) []string {
-	names := make([]string, 0, len(tables))
-	for n := range tables {
+// DerivedSetsThrough names the derived tag column sets, among sets (per
+// table), whose derived columns read table: a change to it publishes their
+// tags (of the rows it joins to) too. In table order, then the table's.
+func DerivedSetsThrough(sets map[string][][]string, table string) []string {
+	names := make([]string, 0, len(sets))
+	for n := range sets {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	var out []string
 	for _, n := range names {
-		for _, set := range tables[n].TagColumns {
+		for _, set := range sets[n] {
 			if slices.ContainsFunc(set, func(c string) bool {
 				_, ref, _, ok := tags.ParseDerivedColumn(c)
 				return ok && ref == table
@@ -302,7 +302,7 @@ func AnalyzeWorkload(schema *Schema, workload []Statement) (*Solution, error) {
 					e.Publishes = appendUnique(e.Publishes, tags.ColumnSetName(wr.Table, set))
 				}
 			}
-			for _, name := range derivedSetsThrough(sol.Tables, wr.Table) {
+			for _, name := range DerivedSetsThrough(sol.TagSets(), wr.Table) {
 				e.Publishes = appendUnique(e.Publishes, name)
 			}
 		}
