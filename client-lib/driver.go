@@ -327,6 +327,22 @@ func DriverStats(dsn string) (*Stats, bool) {
 	return c.Stats(), true
 }
 
+// DriverTemplates returns Templates of the Client behind a DSN opened with
+// the larder driver, if it was opened in this process.
+func DriverTemplates(dsn string) ([]TemplateFigures, bool) {
+	d, ok := registered.(*Driver)
+	if !ok {
+		return nil, false
+	}
+	d.mu.Lock()
+	c := d.clients[dsn]
+	d.mu.Unlock()
+	if c == nil {
+		return nil, false
+	}
+	return c.Templates(), true
+}
+
 type stalenessKey struct{}
 
 // WithStaleness sets the staleness limit of the read-only transaction

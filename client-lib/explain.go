@@ -3,6 +3,7 @@ package larder
 import (
 	"sort"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/larderdb/larder/qumaana/explain"
@@ -32,10 +33,13 @@ func (c *Client) Explain(sql string, path []string) (*explain.Report, error) {
 }
 
 // TemplateFigures are a query template's reads through this client, by
-// source (l1, node: hits; database: misses; uncached).
+// source (l1, node: hits; database: misses; uncached), and its cache
+// lookups that missed, by cache and class ("l1 staleness", "node
+// compulsory", …; larder_client_template_misses_total).
 type TemplateFigures struct {
 	Template, SQL string
 	Reads         map[string]int64
+	Misses        map[string]int64
 }
 
 // Templates lists the query templates this client has read (at most the
@@ -47,9 +51,13 @@ func (c *Client) Templates() []TemplateFigures {
 		ids = append(ids, id)
 	}
 	c.m.mu.Unlock()
+	misses := c.m.templateMissCounts()
 	out := make([]TemplateFigures, 0, len(ids))
 	for _, id := range ids {
-		f := TemplateFigures{Template: id, Reads: map[string]int64{}}
+		f := TemplateFigures{Template: id, Reads: map[string]int64{}, Misses: misses[id]}
+		if f.Misses == nil {
+			f.Misses = map[string]int64{}
+		}
 		if v, ok := c.templateSQL.Load(id); ok {
 			f.SQL = v.(string)
 		}
@@ -70,5 +78,35 @@ func (c *Client) Templates() []TemplateFigures {
 		}
 		return out[i].Template < out[j].Template
 	})
+	return out
+}
+
+// templateMissCounts reads larder_client_template_misses_total: per
+// template, its misses by "cache class".
+func (m *clientMetrics) templateMissCounts() map[string]map[string]int64 {
+	ch := make(chan prometheus.Metric, 64)
+	go func() { m.templateMisses.Collect(ch); close(ch) }()
+	out := map[string]map[string]int64{}
+	for metric := range ch {
+		var d dto.Metric
+		if metric.Write(&d) != nil {
+			continue
+		}
+		var template, cache, class string
+		for _, l := range d.GetLabel() {
+			switch l.GetName() {
+			case "template":
+				template = l.GetValue()
+			case "cache":
+				cache = l.GetValue()
+			case "class":
+				class = l.GetValue()
+			}
+		}
+		if out[template] == nil {
+			out[template] = map[string]int64{}
+		}
+		out[template][cache+" "+class] = int64(d.GetCounter().GetValue())
+	}
 	return out
 }

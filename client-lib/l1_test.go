@@ -3,6 +3,7 @@ package larder
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"testing"
 	"time"
 )
@@ -197,5 +198,89 @@ func TestL1KeepsNodeHitsOpenThroughDatabaseSQL(t *testing.T) {
 	}
 	if m := stats(dsn).Misses.Load(); m != 0 {
 		t.Fatalf("%d reads of the account went to PostgreSQL: the L1 did not keep the node's hit", m)
+	}
+}
+
+// TestTemplateMissesThroughDatabaseSQL: an application reading through the
+// driver learns why each template's reads missed (DriverTemplates,
+// larder_client_template_misses_total): the first read of a key is a
+// compulsory miss, a read after its own write to the row is a miss of
+// another class (the version it holds ended), and every read that went
+// past the L1 is one of its misses.
+func TestTemplateMissesThroughDatabaseSQL(t *testing.T) {
+	s := startStack(t)
+	ctx := context.Background()
+	dsn := s.dsn("larder.l1=1048576", "application_name=misses")
+	db := openDB(t, DriverName, dsn)
+	want := 100
+	read := func() {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Commit()
+		var bal int
+		if err := tx.QueryRowContext(ctx, readBalance, 1).Scan(&bal); err != nil {
+			t.Fatal(err)
+		}
+		if bal != want {
+			t.Fatalf("balance %d, want %d", bal, want)
+		}
+	}
+	figures := func() TemplateFigures {
+		t.Helper()
+		fs, ok := DriverTemplates(dsn)
+		if !ok {
+			t.Fatal("no driver templates")
+		}
+		for _, f := range fs {
+			if f.SQL == readBalance {
+				return f
+			}
+		}
+		t.Fatalf("the balance read is not among the templates: %+v", fs)
+		return TemplateFigures{}
+	}
+	l1Misses := func(f TemplateFigures) (n int64) {
+		for k, v := range f.Misses {
+			if strings.HasPrefix(k, "l1 ") {
+				n += v
+			}
+		}
+		return n
+	}
+	// Until the L1 holds the result (the first reads may run at a fresh
+	// snapshot, whose results are not kept).
+	read()
+	for deadline := time.Now().Add(20 * time.Second); figures().Reads["l1"] == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no L1 hit in 20 s: %+v", figures())
+		}
+		read()
+	}
+	f := figures()
+	compulsory := f.Misses["l1 compulsory"]
+	if compulsory < 1 {
+		t.Fatalf("the key's first read was not a compulsory miss: %v", f.Misses)
+	}
+	// A write to the row ends the L1's version: a read after it misses,
+	// and not as compulsory (the L1 holds the key).
+	for deadline := time.Now().Add(20 * time.Second); l1Misses(figures()) == l1Misses(f); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no L1 miss after writes to the row in 20 s: %+v", figures())
+		}
+		if _, err := db.ExecContext(ctx, "UPDATE accounts SET balance = balance + 5 WHERE id = 1"); err != nil {
+			t.Fatal(err)
+		}
+		want += 5
+		read()
+	}
+	g := figures()
+	if g.Misses["l1 compulsory"] != compulsory || g.Misses["l1 capacity"] != 0 {
+		t.Fatalf("misses after the write %v (before %v): the L1 held the key, so none is compulsory or capacity", g.Misses, f.Misses)
+	}
+	if got := g.Reads["database"] + g.Reads["node"]; got != l1Misses(g) {
+		t.Fatalf("%d reads went past the L1 (%v), but it counted %d misses (%v)", got, g.Reads, l1Misses(g), g.Misses)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/larderdb/larder/cache-node/store"
 )
 
 const maxReasons = 100
@@ -62,6 +64,8 @@ type clientMetrics struct {
 	functionCalls *prometheus.CounterVec
 	// templateReads: reads by query template and source (templateRead).
 	templateReads *prometheus.CounterVec
+	// templateMisses: larder_client_template_misses_total.
+	templateMisses *prometheus.CounterVec
 	// pinsOtherServer: pins not imported because the PostgreSQL server
 	// that exported them is not the connection's (it restarted since).
 	pinsOtherServer prometheus.Counter
@@ -102,6 +106,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		earlyPuts:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_puts_before_tag_set_total", Help: "Results not put on a cache-node because a tag column set they key on was registered after their snapshot (kept in the L1 only)."}),
 		functionCalls:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_function_calls_total", Help: "Cacheable function calls, by outcome: l1 and node (hits), run (run and cached), uncacheable (run, not cached: it read something uncacheable)."}, []string{"outcome"}),
 		templateReads:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_reads_total", Help: "Reads in read-only transactions by query template (its id, the pg_query fingerprint; the first 500 templates, then \"other\") and source: l1 and node (hits), database (a miss, computed at the snapshot and cached), uncached (run at the snapshot, not cached)."}, []string{"template", "source"}),
+		templateMisses:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_misses_total", Help: "Cache lookups that missed, by query template (as larder_client_template_reads_total), cache (l1, node) and class: compulsory (the key held nothing), staleness (only versions older than the transaction may read: invalidated, or older than its staleness limit or its session's last write), capacity (evicted), consistency (a version, but outside the snapshots the transaction can still choose)."}, []string{"template", "cache", "class"}),
 		pinsOtherServer:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_pins_other_server_total", Help: "Pins not imported because they were exported by another run of the PostgreSQL server than the connection's (it restarted since; snapshot ids repeat across restarts): each is dropped like a released pin and the transaction tries its next one."}),
 		freshWaits: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "larder_client_fresh_snapshot_seconds", Help: "Time to place a fresh snapshot, for a read-only transaction that found no pin recent enough (typically its session's first read after a write), each try: BEGIN and the snapshot's read, then the pincushion's answer; by outcome: placed, or not (refused: not exact, or not answered in time). The transaction's reads do not wait for it (larder_client_unplaced_reads_total).",
 			Buckets: prometheus.ExponentialBuckets(0.00025, 2, 12)}, []string{"outcome"}),
@@ -126,7 +131,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.nodeSkips, m.collapsed, m.pipedReads, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
-			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.rowSplits, m.functionCalls, m.templateReads,
+			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.rowSplits, m.functionCalls, m.templateReads, m.templateMisses,
 			m.pinsOtherServer, m.freshWaits, m.unplacedReads)
 	}
 	return m
@@ -155,19 +160,34 @@ func MetricsRegistry() *prometheus.Registry {
 // snapshot without caching). Past maxTemplates distinct templates, new
 // ones are counted as "other"; an empty template is not counted.
 func (m *clientMetrics) templateRead(template, source string) {
+	if template = m.templateLabel(template); template != "" {
+		m.templateReads.WithLabelValues(template, source).Inc()
+	}
+}
+
+// templateMiss counts a lookup of template's result that missed in cache
+// (l1 or node), by class.
+func (m *clientMetrics) templateMiss(template, cache string, class store.MissClass) {
+	if template = m.templateLabel(template); template != "" {
+		m.templateMisses.WithLabelValues(template, cache, class.String()).Inc()
+	}
+}
+
+// templateLabel is template's label: itself, or "other" past the first
+// maxTemplates templates ("" for no template).
+func (m *clientMetrics) templateLabel(template string) string {
 	if template == "" {
-		return
+		return ""
 	}
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if !m.seenTemplates[template] {
 		if len(m.seenTemplates) >= maxTemplates {
-			template = "other"
-		} else {
-			m.seenTemplates[template] = true
+			return "other"
 		}
+		m.seenTemplates[template] = true
 	}
-	m.mu.Unlock()
-	m.templateReads.WithLabelValues(template, source).Inc()
+	return template
 }
 
 func (m *clientMetrics) uncacheable(reason string) {

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/larderdb/larder/cache-node/store"
 )
 
 // TestTemplateReadsBound: reads are counted by template and source; past
@@ -40,5 +42,28 @@ func TestMetricsRegistry(t *testing.T) {
 	// counter has no series until a read.
 	if n != 3 {
 		t.Errorf("series = %d, want 3", n)
+	}
+}
+
+// TestTemplateMissesBound: misses are counted by template, cache and
+// class, under the same template bound as the reads, and read back by
+// templateMissCounts.
+func TestTemplateMissesBound(t *testing.T) {
+	m := newClientMetrics(nil)
+	for i := range maxTemplates {
+		m.templateRead(fmt.Sprintf("t%d", i), "database")
+	}
+	m.templateMiss("t0", "l1", store.MissCompulsory)
+	m.templateMiss("t0", "l1", store.MissStaleness)
+	m.templateMiss("t0", "node", store.MissStaleness)
+	m.templateMiss("late", "l1", store.MissCapacity)
+	m.templateMiss("", "l1", store.MissCapacity) // no template: not counted
+	got := m.templateMissCounts()
+	want := map[string]map[string]int64{
+		"t0":    {"l1 compulsory": 1, "l1 staleness": 1, "node staleness": 1},
+		"other": {"l1 capacity": 1},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("misses = %v, want %v", got, want)
 	}
 }

@@ -739,8 +739,10 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		case err != nil:
 		case r.Miss != store.Hit:
 			t.c.stats.noteL1Miss(r.Miss)
+			t.c.m.templateMiss(tpl.ID, "l1", r.Miss)
 		case !t.narrow(r.Lo, r.Hi):
 			t.c.stats.noteL1Miss(store.MissConsistency)
+			t.c.m.templateMiss(tpl.ID, "l1", store.MissConsistency)
 		default:
 			if res, err := decodeResult(r.Value); err == nil {
 				t.trace = append(t.trace, fmt.Sprintf("l1[%X,%X)", r.Lo, r.Hi))
@@ -765,8 +767,10 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 			// goes on as a miss, at the transaction's candidates.
 		case r.Miss != store.Hit:
 			t.c.stats.noteNodeMiss(r.Miss)
+			t.c.m.templateMiss(tpl.ID, "node", r.Miss)
 		case !t.narrow(r.Lo, r.Hi):
 			t.c.stats.noteNodeMiss(store.MissConsistency) // a version, but outside the candidates
+			t.c.m.templateMiss(tpl.ID, "node", store.MissConsistency)
 		default:
 			if res, err := decodeResult(r.Value); err == nil {
 				t.trace = append(t.trace, fmt.Sprintf("node[%X,%X)@%X", r.Lo, r.Hi, r.Snapshot))

@@ -101,10 +101,16 @@ type bench struct {
 	vus      []int
 	duration time.Duration
 	warmup   time.Duration
-	mix      string
-	think    float64
-	size     datagen.Size
-	meter    cpuMeter
+	// cacheWarmup is the cached modes' extra unmeasured run before their
+	// first measured one (--cache-warmup).
+	cacheWarmup time.Duration
+	mix         string
+	think       float64
+	size        datagen.Size
+	meter       cpuMeter
+	// templates is templates.md: each cached run's reads and misses per
+	// query template.
+	templates strings.Builder
 	// phpReads is the running PHP mode's reads by source (php-larder's
 	// front; nil otherwise).
 	phpReads func() map[string]int64
@@ -120,6 +126,7 @@ func run() error {
 	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
 	duration := flag.Duration("duration", 30*time.Second, "measured time per run")
 	warmup := flag.Duration("warmup", 10*time.Second, "unmeasured run before each mode's measured runs, in every repeat (0: none)")
+	cacheWarmup := flag.Duration("cache-warmup", 0, "an extra unmeasured run of each cached mode before its first measured run, after which its caches approach a long-running deployment's steady state (compulsory misses mostly gone); the caches stay warm across repeats (0: none)")
 	repeats := flag.Int("repeats", 1, "rounds: in each, every mode runs in turn (direct, larder, direct, larder, …)")
 	mix := flag.String("mix", "browsing", "bidding or browsing")
 	think := flag.Float64("think", 0, "think-time factor (0: peak runs)")
@@ -191,7 +198,7 @@ func run() error {
 		return nil
 	}
 	env["LARDER_QUMA"] = qumaFile
-	b := &bench{env: env, urls: urls, duration: *duration, warmup: *warmup, mix: *mix, think: *think, size: size,
+	b := &bench{env: env, urls: urls, duration: *duration, warmup: *warmup, cacheWarmup: *cacheWarmup, mix: *mix, think: *think, size: size,
 		meter: cpuMeter{procDir: "/proc", self: os.Getpid(), stack: *stackPID}}
 	for _, v := range strings.Split(*vusList, ",") {
 		vus, err := strconv.Atoi(strings.TrimSpace(v))
@@ -233,6 +240,9 @@ func run() error {
 	}
 	machine := fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode; "+
 		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v; NOW() in SQL: %v; L1 (modes with one): %d MiB", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow, l1Bytes>>20)
+	if *cacheWarmup > 0 {
+		machine += fmt.Sprintf("; the cached modes warmed up %s more before their first run", *cacheWarmup)
+	}
 	note, err := checkCluster(modeList)
 	if err != nil {
 		return err
@@ -275,6 +285,14 @@ func run() error {
 	if err := rep.Write(*out); err != nil {
 		return err
 	}
+	if b.templates.Len() > 0 {
+		head := "# Reads and misses per query template\n\n" + rep.Scale + ", " + rep.Mix + " mix. Each cached run's reads by source " +
+			"(hits in an L1 or a node, misses computed on PostgreSQL, uncached reads) and its cache lookups that missed, by class " +
+			"(larder_client_template_misses_total), the templates with most PostgreSQL reads first.\n"
+		if err := os.WriteFile(filepath.Join(*out, "templates.md"), []byte(head+b.templates.String()), 0o644); err != nil {
+			return err
+		}
+	}
 	if err := rep.Plot(*out); err != nil {
 		return err
 	}
@@ -296,6 +314,14 @@ func (b *bench) measure(ctx context.Context, vr variant, round, repeats int) ([]
 		return nil, err
 	}
 	defer stop()
+	if round == 1 && b.cacheWarmup > 0 && !b.direct(vr.mode) {
+		// A cache that has run for a while: the first reads of most
+		// keys (compulsory misses) are behind it, as in a deployment
+		// that has served for longer than a benchmark run.
+		if _, _, err := k6(ctx, base, vr.label, b.vus[0], b.cacheWarmup, b.mix, b.think, b.size); err != nil {
+			return nil, fmt.Errorf("cache warm-up: %w", err)
+		}
+	}
 	if b.warmup > 0 {
 		// Unmeasured: every mode starts its measured runs warm (the node
 		// and L1s for the cached ones, PostgreSQL's buffers for all), not
@@ -308,6 +334,7 @@ func (b *bench) measure(ctx context.Context, vr variant, round, repeats int) ([]
 	for _, vus := range b.vus {
 		cpu0 := b.meter.sample()
 		reads0 := b.reads(vr)
+		tpl0 := b.templateFigures(vr)
 		start := time.Now()
 		r, k6CPU, err := k6(ctx, base, vr.label, vus, b.duration, b.mix, b.think, b.size)
 		if err != nil {
@@ -325,6 +352,9 @@ func (b *bench) measure(ctx context.Context, vr variant, round, repeats int) ([]
 			for k, v := range reads1 {
 				r.Reads[k] = v - reads0[k]
 			}
+		}
+		if tpl0 != nil {
+			writeTemplates(&b.templates, fmt.Sprintf("repeat %d, %s, %d VUs", round, vr.label, vus), tpl0, b.templateFigures(vr))
 		}
 		fmt.Printf("repeat %d/%d  %-20s %3d VUs: %7.0f requests/s, worst p90 %7.1f ms (%s)\n", round, repeats, vr.label, vus, r.Rate, r.WorstP90, r.Worst)
 		runs = append(runs, r)
@@ -696,4 +726,63 @@ func pinPostgres(ctx context.Context, pgURL string, postmaster, core int) error 
 		}
 	}
 	return nil
+}
+
+// templateFigures are the Go application's Larder reads per template in
+// a cached mode (nil in the others).
+func (b *bench) templateFigures(vr variant) []larder.TemplateFigures {
+	if appServers > 1 || isPHPMode(vr.mode) || b.direct(vr.mode) {
+		return nil
+	}
+	fs, _ := larder.DriverTemplates(modeDSN(vr.mode, vr.label, b.env))
+	return fs
+}
+
+// writeTemplates appends to w the table of a run: each template's reads
+// and misses between before and after, the most PostgreSQL reads first.
+func writeTemplates(w *strings.Builder, title string, before, after []larder.TemplateFigures) {
+	prev := map[string]larder.TemplateFigures{}
+	for _, f := range before {
+		prev[f.Template] = f
+	}
+	type row struct {
+		sql         string
+		reads, miss map[string]int64
+		database, n int64
+	}
+	var rows []row
+	for _, f := range after {
+		p := prev[f.Template]
+		r := row{sql: f.SQL, reads: map[string]int64{}, miss: map[string]int64{}}
+		for k, v := range f.Reads {
+			r.reads[k] = v - p.Reads[k]
+			r.n += r.reads[k]
+		}
+		for k, v := range f.Misses {
+			r.miss[k] = v - p.Misses[k]
+		}
+		r.database = r.reads["database"] + r.reads["uncached"]
+		if r.n > 0 {
+			rows = append(rows, r)
+		}
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].database != rows[j].database {
+			return rows[i].database > rows[j].database
+		}
+		return rows[i].sql < rows[j].sql
+	})
+	fmt.Fprintf(w, "\n## %s\n\n", title)
+	w.WriteString("| template | reads | hits: L1 / node | PostgreSQL: cached / uncached | L1 misses: compulsory / staleness / capacity / consistency | node misses: compulsory / staleness / capacity / consistency |\n|---|---|---|---|---|---|\n")
+	classes := func(m map[string]int64, cache string) string {
+		return fmt.Sprintf("%d / %d / %d / %d", m[cache+" compulsory"], m[cache+" staleness"], m[cache+" capacity"], m[cache+" consistency"])
+	}
+	for _, r := range rows {
+		sql := strings.Join(strings.Fields(r.sql), " ")
+		if len(sql) > 100 {
+			sql = sql[:100] + "…"
+		}
+		fmt.Fprintf(w, "| `%s` | %d | %d / %d | %d / %d | %s | %s |\n", strings.ReplaceAll(sql, "|", "\\|"), r.n, r.reads["l1"], r.reads["node"],
+			r.reads["database"], r.reads["uncached"], classes(r.miss, "l1"), classes(r.miss, "node"))
+	}
 }
