@@ -120,22 +120,12 @@ func (p *holdPlan) sql() string { return strings.Join(p.statements(), "; ") }
 
 // statements are sql's statements, one by one (a pipeline of
 // extended-protocol statements takes one each).
-//
-// With every table's fact known (so every table has storage of its own:
-// none is partitioned, none a view), the lock and the quick check are one
-// statement: its FROM names the tables in a subquery that reads no row,
-// and PostgreSQL takes a statement's ACCESS SHARE locks on the tables it
-// names (and their inheritance children) before it runs it (parsing its
-// FROM first, before it looks up the names its select list casts), as
-// LOCK TABLE would; so the storage it then reads is the one the
-// transaction keeps.
-// A partitioned table needs LOCK TABLE: a query that reads none of its
-// partitions does not lock them.
 func (p *holdPlan) statements() []string {
+	lock := "LOCK TABLE " + p.list + " IN ACCESS SHARE MODE"
 	if p.facts != nil {
-		return []string{p.currentSQL() + " FROM (SELECT) AS one LEFT JOIN (SELECT FROM " + p.list + " WHERE false) AS held ON true"}
+		return []string{lock, p.currentSQL()}
 	}
-	return []string{"LOCK TABLE " + p.list + " IN ACCESS SHARE MODE", p.countSQL(), p.currentSQL()}
+	return []string{lock, p.countSQL(), p.currentSQL()}
 }
 
 func (p *holdPlan) currentSQL() string {
