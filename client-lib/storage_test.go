@@ -3,6 +3,8 @@ package larder
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,4 +152,54 @@ func exportSnapshot(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// TestQuickCheckHoldsTheTables: a transaction whose tables pass the quick
+// storage check holds ACCESS SHARE on every table (an inheritance child
+// included), so a TRUNCATE waits for the transaction to end.
+func TestQuickCheckHoldsTheTables(t *testing.T) {
+	s := startStackWith(t, `CREATE TABLE pets (id int PRIMARY KEY, name text NOT NULL); ALTER TABLE pets REPLICA IDENTITY FULL;
+CREATE TABLE animals (id int PRIMARY KEY); ALTER TABLE animals REPLICA IDENTITY FULL;
+CREATE TABLE dogs (id int PRIMARY KEY) INHERITS (animals); ALTER TABLE dogs REPLICA IDENTITY FULL`,
+		"INSERT INTO pets VALUES (1, 'rex')", "SELECT name FROM pets WHERE id = $1")
+	c := s.client(t, 0)
+	ctx := context.Background()
+	tables := []string{"public.pets", "public.animals"}
+	quick := c.m.storageChecks.WithLabelValues("quick")
+	snapshot := exportSnapshot(t, s.url)
+	first := &ROTx{c: c}
+	if err := first.begin(ctx, invalidation.Pin{SnapshotID: snapshot, LSN: 100}, tables); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.closeConn(ctx)
+	tx := &ROTx{c: c}
+	if err := tx.begin(ctx, invalidation.Pin{SnapshotID: snapshot, LSN: 100}, tables); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.closeConn(ctx) }()
+	if q := testutil.ToFloat64(quick); q != 1 {
+		t.Fatalf("%v quick checks, want 1 (the second transaction's)", q)
+	}
+	var held []string
+	rows, err := s.conn.Query(ctx, `SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+WHERE l.pid = $1 AND l.mode = 'AccessShareLock' AND l.granted AND c.relname IN ('pets', 'animals', 'dogs') ORDER BY 1`, pgConnOf(tx.conn).PID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(held) != "[animals dogs pets]" {
+		t.Fatalf("the transaction holds ACCESS SHARE on %v, want animals, dogs and pets", held)
+	}
+	for _, table := range []string{"pets", "dogs"} {
+		_, err := s.conn.Exec(ctx, "SET lock_timeout = '200ms'; TRUNCATE "+table+"; RESET lock_timeout")
+		if err == nil || !strings.Contains(err.Error(), "lock timeout") {
+			t.Fatalf("TRUNCATE %s while the transaction holds it: %v, want a lock timeout", table, err)
+		}
+		if _, err := s.conn.Exec(ctx, "RESET lock_timeout"); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
