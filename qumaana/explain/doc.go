@@ -22,7 +22,8 @@
 // them, the figures of one template:
 //
 //   - client reads by source (larder_client_template_reads_total): calls
-//     and the hit rate (l1 and node over all reads);
+//     and the hit rate (l1 and node over all reads); and the clients' L1
+//     misses by class (larder_client_template_misses_total{cache="l1"});
 //   - cache-node lookups by result (larder_node_template_lookups_total):
 //     hits and misses by class — compulsory, staleness, capacity,
 //     consistency, TxCache's classification;

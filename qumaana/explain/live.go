@@ -24,6 +24,7 @@ const (
 // The metrics Scrape reads.
 const (
 	metricClientTemplateReads  = "larder_client_template_reads_total"
+	metricClientTemplateMisses = "larder_client_template_misses_total"
 	metricNodeTemplateLookups  = "larder_node_template_lookups_total"
 	metricNodeTemplatePuts     = "larder_node_template_puts_total"
 	metricNodeTemplatePutBytes = "larder_node_template_put_bytes_total"
@@ -42,6 +43,7 @@ type Metric struct {
 func Metrics() []Metric {
 	return []Metric{
 		{metricClientTemplateReads, ComponentClient},
+		{metricClientTemplateMisses, ComponentClient},
 		{metricNodeTemplateLookups, ComponentNode},
 		{metricNodeTemplatePuts, ComponentNode},
 		{metricNodeTemplatePutBytes, ComponentNode},
@@ -85,6 +87,10 @@ type ClientFigures struct {
 	BySource map[string]float64 `json:"by_source"`
 	// HitRate is (l1 + node) / Calls; nil without calls.
 	HitRate *float64 `json:"hit_rate,omitempty"`
+	// L1Misses are the lookups that missed the clients' L1s, by class
+	// (compulsory, staleness, capacity, consistency); empty when no
+	// client has an L1 or none missed.
+	L1Misses map[string]float64 `json:"l1_misses,omitempty"`
 	// MaybeOther says the template has no series of its own while some
 	// client labels templates "other": it may be counted there.
 	MaybeOther bool `json:"maybe_other,omitempty"`
@@ -138,7 +144,7 @@ func Scrape(ctx context.Context, hc *http.Client, urls []string, template string
 			switch c {
 			case ComponentClient:
 				if client == nil {
-					client = &ClientFigures{BySource: map[string]float64{}}
+					client = &ClientFigures{BySource: map[string]float64{}, L1Misses: map[string]float64{}}
 				}
 				addClient(client, fams, template)
 			case ComponentNode:
@@ -282,6 +288,11 @@ func addClient(f *ClientFigures, fams map[string]*dto.MetricFamily, template str
 			f.BySource[label(m, "source")] += v
 		case otherTemplate:
 			f.MaybeOther = true
+		}
+	}
+	for _, m := range fams[metricClientTemplateMisses].GetMetric() {
+		if label(m, "template") == template && label(m, "cache") == "l1" {
+			f.L1Misses[label(m, "class")] += value(m)
 		}
 	}
 }

@@ -85,6 +85,9 @@ func TestScrape(t *testing.T) {
 	if c == nil || c.Calls != 500 || c.BySource["l1"] != 300 || c.BySource["uncached"] != 76 || c.HitRate == nil || *c.HitRate != 0.8 || c.MaybeOther {
 		t.Errorf("client figures %+v", c)
 	}
+	if c != nil && (c.L1Misses["compulsory"] != 90 || c.L1Misses["staleness"] != 33 || c.L1Misses["consistency"] != 1 || len(c.L1Misses) != 3) {
+		t.Errorf("client L1 misses %v (the node's and \"other\"'s counted?)", c.L1Misses)
+	}
 	n := live.Node
 	if n == nil {
 		t.Fatal("no node figures")
@@ -133,9 +136,10 @@ func TestReportText(t *testing.T) {
 		"the QUMA file's (it lists this template)",
 		"public.items(id)=$1  keyed on (id)  reads all columns",
 		"public.items  (category) (id) (seller)",
-		"client reads   500 calls: l1 300, node 100, database 24, uncached 76; hit rate 80.0%",
-		"node lookups   97: hits 80 (82.5%); misses compulsory 10, staleness 6, capacity 1, consistency 0",
-		"node puts      17 (97.7 KiB); bytes held ≈ 256.0 KiB",
+		"client reads      500 calls: l1 300, node 100, database 24, uncached 76; hit rate 80.0%",
+		"client L1 misses  compulsory 90, staleness 33, capacity 0, consistency 1",
+		"node lookups      97: hits 80 (82.5%); misses compulsory 10, staleness 6, capacity 1, consistency 0",
+		"node puts         17 (97.7 KiB); bytes held ≈ 256.0 KiB",
 		"not read: unreachable",
 		"Note: 1 of 3 endpoints could not be read",
 	} {

@@ -157,6 +157,13 @@ func (l *Live) writeText(ew *errwriter.Writer, template string) {
 	tw = tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
 	if c := l.Client; c != nil {
 		fmt.Fprintf(tw, "  client reads\t%s\n", clientText(c))
+		if len(c.L1Misses) > 0 {
+			var parts []string
+			for _, class := range missClasses {
+				parts = append(parts, fmt.Sprintf("%s %s", class, count(c.L1Misses[class])))
+			}
+			fmt.Fprintf(tw, "  client L1 misses\t%s\n", strings.Join(parts, ", "))
+		}
 	} else {
 		fmt.Fprintf(tw, "  client reads\tno endpoint exports client-lib's metrics (give the application's)\n")
 	}
