@@ -139,16 +139,7 @@ func TestL1KeepsNodeHitsOpenThroughDatabaseSQL(t *testing.T) {
 	ctx := context.Background()
 	read := func(db *sql.DB) int {
 		t.Helper()
-		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Commit()
-		var bal int
-		if err := tx.QueryRowContext(ctx, readBalance, 1).Scan(&bal); err != nil {
-			t.Fatal(err)
-		}
-		return bal
+		return readBalanceDB(t, ctx, db, 1)
 	}
 	stats := func(dsn string) *Stats {
 		t.Helper()
@@ -201,6 +192,22 @@ func TestL1KeepsNodeHitsOpenThroughDatabaseSQL(t *testing.T) {
 	}
 }
 
+// readBalanceDB reads account id's balance in a read-only transaction of
+// db.
+func readBalanceDB(t *testing.T, ctx context.Context, db *sql.DB, id int) int {
+	t.Helper()
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Commit()
+	var bal int
+	if err := tx.QueryRowContext(ctx, readBalance, id).Scan(&bal); err != nil {
+		t.Fatal(err)
+	}
+	return bal
+}
+
 // TestTemplateMissesThroughDatabaseSQL: an application reading through the
 // driver learns why each template's reads missed (DriverTemplates,
 // larder_client_template_misses_total): the first read of a key is a
@@ -215,16 +222,7 @@ func TestTemplateMissesThroughDatabaseSQL(t *testing.T) {
 	want := 100
 	read := func() {
 		t.Helper()
-		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Commit()
-		var bal int
-		if err := tx.QueryRowContext(ctx, readBalance, 1).Scan(&bal); err != nil {
-			t.Fatal(err)
-		}
-		if bal != want {
+		if bal := readBalanceDB(t, ctx, db, 1); bal != want {
 			t.Fatalf("balance %d, want %d", bal, want)
 		}
 	}
