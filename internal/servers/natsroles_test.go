@@ -117,7 +117,14 @@ func testNATSRoles(t *testing.T, bin string) {
 		}
 	}
 	// The invalidator's own message arrives; none of the forged ones did.
-	if err := inv.Publish(invalidation.HeartbeatSubject(prefix), []byte("genuine")); err != nil {
+	// It publishes through JetStream, as the invalidator does: the stream
+	// holds the message once the publish returns (the direct gets below
+	// read it).
+	invJS, err := jetstream.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := invJS.Publish(ctx, invalidation.HeartbeatSubject(prefix), []byte("genuine")); err != nil {
 		t.Fatal(err)
 	}
 	select {
