@@ -107,7 +107,7 @@ func TestSnapshotConsistencyDerivedJoin(t *testing.T) {
 			// read anew.
 			publisher.SkipReferencedChangesForTest.Store(c.broken)
 			defer publisher.SkipReferencedChangesForTest.Store(false)
-			violations, reads, hits := derivedJoinRun(t, c.restart)
+			violations, reads, hits := derivedJoinRun(t, c.restart, c.broken)
 			switch {
 			case c.broken && violations == 0:
 				t.Fatalf("an invalidator that ignores owners' moves passed %d read-only transactions: the check cannot fail", reads)
@@ -121,10 +121,18 @@ func TestSnapshotConsistencyDerivedJoin(t *testing.T) {
 	}
 }
 
-func derivedJoinRun(t *testing.T, restart bool) (violations, reads, hits int64) {
+// derivedJoinRun runs writers and readers for the run's time (4 s, or
+// LARDER_HISTORY_SECONDS), the invalidator stopped and started twice in
+// it when restart. untilViolation (a broken invalidator's run) runs up to
+// 30 s, ending at the first violation: a slow machine (the race detector)
+// may take longer than 4 s to make one.
+func derivedJoinRun(t *testing.T, restart, untilViolation bool) (violations, reads, hits int64) {
 	s, c := derivedStack(t)
 	ctx := context.Background()
 	run := 4 * time.Second
+	if untilViolation {
+		run = 30 * time.Second
+	}
 	if v := os.Getenv("LARDER_HISTORY_SECONDS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
@@ -232,6 +240,9 @@ func derivedJoinRun(t *testing.T, restart bool) (violations, reads, hits int64) 
 				if sum != 100*derivedAccounts {
 					if bad.Add(1) <= 3 {
 						t.Logf("regions' sums %v add up to %d, not %d", parts, sum, 100*derivedAccounts)
+					}
+					if untilViolation {
+						cancel()
 					}
 				}
 			}
