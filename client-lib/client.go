@@ -307,16 +307,25 @@ type Stats struct {
 	ScopeReads atomic.Int64
 }
 
-func (s *Stats) noteNodeMiss(c store.MissClass) {
-	if int(c) < len(s.NodeMisses) {
-		s.NodeMisses[c].Add(1)
-	}
-}
+// Caches a lookup misses in (noteMiss; the cache label of
+// larder_client_template_misses_total).
+const (
+	cacheL1   = "l1"
+	cacheNode = "node"
+)
 
-func (s *Stats) noteL1Miss(c store.MissClass) {
-	if int(c) < len(s.L1Misses) {
-		s.L1Misses[c].Add(1)
+// noteMiss counts a lookup of template's result that missed in cache
+// (cacheL1 or cacheNode), by class: in Stats (L1Misses, NodeMisses) and in
+// larder_client_template_misses_total.
+func (c *Client) noteMiss(cache, template string, class store.MissClass) {
+	misses := &c.stats.NodeMisses
+	if cache == cacheL1 {
+		misses = &c.stats.L1Misses
 	}
+	if int(class) < len(misses) {
+		misses[class].Add(1)
+	}
+	c.m.templateMiss(template, cache, class)
 }
 
 // Defaults of the pincushion waits (see Config).

@@ -738,11 +738,9 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		switch {
 		case err != nil:
 		case r.Miss != store.Hit:
-			t.c.stats.noteL1Miss(r.Miss)
-			t.c.m.templateMiss(tpl.ID, "l1", r.Miss)
+			t.c.noteMiss(cacheL1, tpl.ID, r.Miss)
 		case !t.narrow(r.Lo, r.Hi):
-			t.c.stats.noteL1Miss(store.MissConsistency)
-			t.c.m.templateMiss(tpl.ID, "l1", store.MissConsistency)
+			t.c.noteMiss(cacheL1, tpl.ID, store.MissConsistency)
 		default:
 			if res, err := decodeResult(r.Value); err == nil {
 				t.trace = append(t.trace, fmt.Sprintf("l1[%X,%X)", r.Lo, r.Hi))
@@ -766,11 +764,9 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 			// Failed or bypassed (counted by the node client): the read
 			// goes on as a miss, at the transaction's candidates.
 		case r.Miss != store.Hit:
-			t.c.stats.noteNodeMiss(r.Miss)
-			t.c.m.templateMiss(tpl.ID, "node", r.Miss)
+			t.c.noteMiss(cacheNode, tpl.ID, r.Miss)
 		case !t.narrow(r.Lo, r.Hi):
-			t.c.stats.noteNodeMiss(store.MissConsistency) // a version, but outside the candidates
-			t.c.m.templateMiss(tpl.ID, "node", store.MissConsistency)
+			t.c.noteMiss(cacheNode, tpl.ID, store.MissConsistency) // a version, but outside the candidates
 		default:
 			if res, err := decodeResult(r.Value); err == nil {
 				t.trace = append(t.trace, fmt.Sprintf("node[%X,%X)@%X", r.Lo, r.Hi, r.Snapshot))
