@@ -140,6 +140,7 @@ func run() error {
 	skipLoad := flag.Bool("skip-load", false, "reuse the data already loaded")
 	loadOnly := flag.Bool("load-only", false, "load the data and stop")
 	flag.IntVar(&phpWorkers, "php-workers", phpWorkers, "PHP_CLI_SERVER_WORKERS of the PHP modes: PHP processes serving requests, each with its own database session")
+	flag.DurationVar(&nowGranularity, "now-granularity", 0, "the rounding of the application's $now in its time-dependent reads (0: a minute, RUBiS's port's default; a coarser one shows items ended up to that long ago)")
 	flag.BoolVar(&sqlNow, "sql-now", false, "the application's time-dependent reads use RUBiS's original end_date >= NOW() (cached per clock bucket by Larder) instead of a $now parameter it rounds to a minute itself")
 	flag.BoolVar(&splitRows, "split-rows", true, "the clients split results by rows (larder.split-rows; false: every result's tags stay whole, so any change to an item of a search page's category ends the page)")
 	flag.StringVar(&freshReadWait, "fresh-read-wait", "", "how long the larder modes' reads wait for their fresh snapshot to be placed (larder.fresh-read-wait: a Go duration, 0s for no wait; empty: the client's default, 50ms)")
@@ -242,6 +243,9 @@ func run() error {
 		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v; NOW() in SQL: %v; L1 (modes with one): %d MiB", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow, l1Bytes>>20)
 	if *cacheWarmup > 0 {
 		machine += fmt.Sprintf("; the cached modes warmed up %s more before their first run", *cacheWarmup)
+	}
+	if nowGranularity > 0 {
+		machine += fmt.Sprintf("; $now rounded to %s", nowGranularity)
 	}
 	note, err := checkCluster(modeList)
 	if err != nil {
@@ -519,6 +523,10 @@ var freshReadWait string
 // sqlNow: the application runs RUBiS's original NOW() SQL (--sql-now).
 var sqlNow bool
 
+// nowGranularity is the rounding of the application's $now
+// (--now-granularity; 0: the application's default, a minute).
+var nowGranularity time.Duration
+
 // l1Bytes is the L1 of the modes with one (--l1).
 var l1Bytes int64 = 256 << 20
 
@@ -577,7 +585,7 @@ func writeQUMA(ctx context.Context, pgURL, dir string) (string, error) {
 
 // serve runs the application on a free port.
 func serve(db *sql.DB, staleness time.Duration, sessions, functions bool) (string, func(), error) {
-	a, err := app.New(app.Config{DB: db, UseSQLNow: sqlNow, Functions: functions, ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, staleness) }})
+	a, err := app.New(app.Config{DB: db, NowGranularity: nowGranularity, UseSQLNow: sqlNow, Functions: functions, ReadContext: func(ctx context.Context) context.Context { return larder.WithStaleness(ctx, staleness) }})
 	if err != nil {
 		return "", nil, err
 	}
