@@ -32,6 +32,10 @@ type clientMetrics struct {
 	nodeProbes   *prometheus.CounterVec
 	collapsed    prometheus.Counter
 	pipedReads   prometheus.Counter
+	// prepared: statements of pipelined begins prepared on a connection
+	// (prepared.go), by outcome: prepared, failed, dropped (a set given up
+	// after a schema change or PostgreSQL's refusal).
+	prepared *prometheus.CounterVec
 	// planRetries: statements run again at the same pin after a schema
 	// change made PostgreSQL refuse pgx's cached statement.
 	planRetries prometheus.Counter
@@ -94,6 +98,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		nodeProbes:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_node_probes_total", Help: "Probes of cache-nodes whose circuit breaker was open."}, []string{"node"}),
 		collapsed:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_collapsed_misses_total", Help: "Misses that shared a concurrent identical load."}),
 		pipedReads:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_piped_reads_total", Help: "Misses read in the same round trip as their transaction's begin (snapshot import, table locks and storage check)."}),
+		prepared:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_prepared_statements_total", Help: "Statements of pipelined begins (BEGIN, table locks, storage checks, reads) prepared on a connection, by outcome: prepared, failed (run unnamed instead), dropped (given up after a schema change or because PostgreSQL no longer had them)."}, []string{"outcome"}),
 		sessionsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_sessions_dropped_total", Help: "Pooled connections closed because a read/write transaction changed their session state (SET, SET ROLE)."}),
 		closeAbandoned:   prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_close_abandoned_transactions_total", Help: "Transactions still open when Close's timeout passed; their connections were closed (PostgreSQL rolled them back)."}),
 		scopeReads:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_session_state_reads_total", Help: "Reads of a database/sql connection's roles and settings after a statement that may have changed them."}),
@@ -130,7 +135,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		m.fallbacks.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.nodeSkips, m.collapsed, m.pipedReads, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
+		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.nodeSkips, m.collapsed, m.pipedReads, m.prepared, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
 			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.rowSplits, m.functionCalls, m.templateReads, m.templateMisses,
 			m.pinsOtherServer, m.freshWaits, m.unplacedReads)
 	}

@@ -17,9 +17,10 @@ import (
 // (read first) has passed, exactly as when the read follows in a second
 // round trip.
 //
-// The read runs as an unnamed statement with the parameter types a
-// description cache holds (learnt once per statement and schema epoch by a
-// Describe); a read that fails there (a description gone stale, or any
+// The read runs as a statement the connection keeps prepared
+// (prepared.go), or, past the connection's bound, as an unnamed statement
+// with the parameter types a description cache holds (learnt once per
+// statement and schema epoch by a Describe); a read that fails there (a description gone stale, or any
 // other error) ends the pipelined attempt: the transaction begins again at
 // the same pin and the read runs the usual way, which gives the answer a
 // read not pipelined would have. A pipelined read is not shared with a
@@ -97,10 +98,12 @@ func pipeable(args []any) bool {
 // begin again at the same pin without it.
 var errPipeAgain = errors.New("larder: the pipelined read failed; begin again without it")
 
-// beginPiped runs begin's statements (BEGIN, the snapshot import, the
-// tables' lock and check) and q's read in one round trip. It returns
-// false when q cannot be pipelined on this connection (nothing was sent).
-func (t *ROTx) beginPiped(ctx context.Context, stmts []string, plan *holdPlan, ts uint64, q *pipedRead) (bool, error) {
+// beginPiped runs begin's statements (BEGIN, the import of snapshot, the
+// tables' lock and check) and q's read in one round trip, each but the
+// import as a statement the connection keeps prepared (prepared.go). It
+// returns false when q cannot be pipelined on this connection (nothing
+// was sent).
+func (t *ROTx) beginPiped(ctx context.Context, snapshot string, plan *holdPlan, ts uint64, q *pipedRead) (bool, error) {
 	var pc *pgx.Conn
 	switch c := t.conn.(type) {
 	case *pgx.Conn:
@@ -112,8 +115,13 @@ func (t *ROTx) beginPiped(ctx context.Context, stmts []string, plan *holdPlan, t
 		pc = t.pooled.Conn()
 	}
 	epoch := t.c.epoch.Load()
+	set := preparedSetOf(pc.PgConn(), epoch, t.c.m)
 	k := descKey{scope: q.scope, sql: q.sql}
-	sd := t.c.descs.get(epoch, k)
+	named := set.prepare(ctx, pc.PgConn(), t.c.m, q.sql)
+	sd := named
+	if sd == nil {
+		sd = t.c.descs.get(epoch, k)
+	}
 	if sd == nil {
 		// Described once (outside any transaction: the unnamed statement
 		// is replaced by the pipeline's own).
@@ -137,11 +145,25 @@ func (t *ROTx) beginPiped(ctx context.Context, stmts []string, plan *holdPlan, t
 			resultFormats[i] = databaseSQLResultFormats[f.DataTypeOID]
 		}
 	}
+	stmts := []string{beginReadOnly, "SET TRANSACTION SNAPSHOT '" + snapshot + "'"}
+	if plan != nil {
+		stmts = append(stmts, plan.statements()...)
+	}
 	b := &pgconn.Batch{}
-	for _, s := range stmts {
+	for i, s := range stmts {
+		if i != 1 { // the import names the pin's snapshot
+			if psd := set.prepare(ctx, pc.PgConn(), t.c.m, s); psd != nil {
+				b.ExecPrepared(psd.Name, nil, nil, nil)
+				continue
+			}
+		}
 		b.ExecParams(s, nil, nil, nil, nil)
 	}
-	b.ExecParams(q.sql, eqb.ParamValues, sd.ParamOIDs, eqb.ParamFormats, resultFormats)
+	if named != nil {
+		b.ExecPrepared(named.Name, eqb.ParamValues, eqb.ParamFormats, resultFormats)
+	} else {
+		b.ExecParams(q.sql, eqb.ParamValues, sd.ParamOIDs, eqb.ParamFormats, resultFormats)
+	}
 	mrr := pc.PgConn().ExecBatch(ctx, b)
 	var results []*pgconn.Result
 	var res *Result
@@ -159,26 +181,39 @@ func (t *ROTx) beginPiped(ctx context.Context, stmts []string, plan *holdPlan, t
 		res, readErr = readRaw(rr)
 	}
 	err := mrr.Close()
+	stale := stalePrepared(err) || stalePrepared(readErr)
+	for _, r := range results {
+		stale = stale || stalePrepared(r.Err)
+	}
+	if stale {
+		set.drop(t.c.m)
+	}
 	if len(results) < len(stmts) || results[len(results)-1].Err != nil {
 		// BEGIN, the import or the hold failed: as begin's own failure.
 		_ = t.closeConn(ctx)
 		if err == nil {
 			err = errors.New("larder: the transaction's begin gave no answer")
 		}
+		if stale {
+			// A prepared statement was gone: begin again, the usual way.
+			return true, errPipeAgain
+		}
 		return true, err
+	}
+	if err != nil || readErr != nil || res == nil {
+		// The read failed (its description may be stale) and aborted the
+		// transaction: no check can run in it (a storage that moved would
+		// take a second round trip). Again, the usual way, which holds and
+		// checks the tables anew.
+		t.c.descs.drop(k)
+		_ = t.closeConn(ctx)
+		return true, errPipeAgain
 	}
 	if plan != nil {
 		if err := t.checkHeld(ctx, plan, results, ts); err != nil {
 			_ = t.closeConn(ctx)
 			return true, err
 		}
-	}
-	if err != nil || readErr != nil || res == nil {
-		// The read failed (its description may be stale): again, the
-		// usual way.
-		t.c.descs.drop(k)
-		_ = t.closeConn(ctx)
-		return true, errPipeAgain
 	}
 	q.res, q.ran = res, true
 	return true, nil

@@ -2,10 +2,13 @@ package larder
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -75,5 +78,42 @@ func TestFirstMissIsPipelined(t *testing.T) {
 	_ = tx.Commit(ctx)
 	if piped() != 2 {
 		t.Fatalf("%v reads pipelined, want 2 (the failed ones read again on their own)", piped())
+	}
+}
+
+// TestPipelinedReadFailsAfterStorageMoved: a pipelined read that fails
+// (division by zero) in a transaction whose quick storage check finds the
+// table's storage moved (VACUUM FULL gave it a new file) gives the read's
+// own error, or ErrRetry while pins older than the move are dropped; never
+// the "current transaction is aborted" of a check run after the read had
+// aborted the transaction. Through database/sql.
+func TestPipelinedReadFailsAfterStorageMoved(t *testing.T) {
+	s := startStack(t)
+	db := openDB(t, DriverName, s.dsnNodes()) // no node, no L1: every read misses
+	ctx := context.Background()
+	readBalanceDB(t, ctx, db, 1) // the check learns the table's storage
+	if _, err := s.conn.Exec(ctx, "VACUUM FULL accounts"); err != nil {
+		t.Fatal(err)
+	}
+	const divide = "SELECT balance / $1 FROM accounts WHERE id = $2"
+	var err error
+	for i := 0; i < 50; i++ {
+		err = func() error {
+			tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			var q int
+			return tx.QueryRowContext(ctx, divide, 0, 1).Scan(&q)
+		}()
+		if !errors.Is(err, ErrRetry) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // pins newer than the move
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "22012" {
+		t.Fatalf("the failing read gave %v, want PostgreSQL's division by zero (22012)", err)
 	}
 }

@@ -326,11 +326,7 @@ func (t *ROTx) begin(ctx context.Context, pin invalidation.Pin, tables []string)
 	if q := t.pipe; q != nil && snapshot != "" {
 		// The first read that missed goes in the same round trip (again
 		// with the next pin when this one is gone).
-		stmts := []string{beginReadOnly, "SET TRANSACTION SNAPSHOT '" + snapshot + "'"}
-		if plan != nil {
-			stmts = append(stmts, plan.statements()...)
-		}
-		sent, err := t.beginPiped(ctx, stmts, plan, ts, q)
+		sent, err := t.beginPiped(ctx, snapshot, plan, ts, q)
 		if !sent || err == nil || errors.Is(err, errPipeAgain) {
 			t.pipe = nil
 		}

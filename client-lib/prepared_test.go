@@ -1,0 +1,152 @@
+package larder
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// driverClient returns the Client behind a DSN opened with the larder
+// driver.
+func driverClient(t *testing.T, dsn string) *Client {
+	t.Helper()
+	d := registered.(*Driver)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.clients[dsn]
+	if c == nil {
+		t.Fatal("the DSN has no client")
+	}
+	return c
+}
+
+// serverPrepared lists the statements db's one connection holds prepared
+// under Larder's names (name: statement), read in a read/write
+// transaction (which runs on that connection, uncached).
+func serverPrepared(t *testing.T, db *sql.DB) map[string]string {
+	t.Helper()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	rows, err := tx.Query(`SELECT name, statement FROM pg_prepared_statements WHERE name LIKE 'larder\_%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var name, stmt string
+		if err := rows.Scan(&name, &stmt); err != nil {
+			t.Fatal(err)
+		}
+		out[name] = stmt
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// readPipelined reads balances through db (every read a miss: no node, no
+// L1) until n more reads went in the round trip of their transaction's
+// begin, checking each answer.
+func readPipelined(t *testing.T, ctx context.Context, db *sql.DB, c *Client, n int) {
+	t.Helper()
+	want := testutil.ToFloat64(c.m.pipedReads) + float64(n)
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; testutil.ToFloat64(c.m.pipedReads) < want; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v reads pipelined in 30 s, want %v", testutil.ToFloat64(c.m.pipedReads), want)
+		}
+		if got := readBalanceDB(t, ctx, db, 1+i%accounts); got != 100 {
+			t.Fatalf("account %d: balance %d, want 100", 1+i%accounts, got)
+		}
+	}
+}
+
+// TestPipelinedBeginIsPrepared: through database/sql, the statements of a
+// read-only transaction's pipelined begin (BEGIN, the tables' lock and
+// storage check, the read) are prepared once per connection, not parsed
+// and planned by PostgreSQL in every transaction: after 30 pipelined
+// transactions on one database/sql connection, the connection holds the few
+// statements the first ones prepared, and the client prepared no more.
+// When PostgreSQL loses them (DEALLOCATE), the next transaction still
+// gets PostgreSQL's answer, and the connection prepares them again under
+// new names.
+func TestPipelinedBeginIsPrepared(t *testing.T) {
+	s := startStack(t)
+	dsn := s.dsnNodes() // no node, no L1: every read misses
+	db := openDB(t, DriverName, dsn)
+	db.SetMaxOpenConns(1) // the connection the transactions run on, and the one asked
+	ctx := context.Background()
+	readBalanceDB(t, ctx, db, 1)
+	c := driverClient(t, dsn)
+	prepared := func() float64 { return testutil.ToFloat64(c.m.prepared.WithLabelValues("prepared")) }
+
+	readPipelined(t, ctx, db, c, 5)
+	first := prepared()
+	readPipelined(t, ctx, db, c, 30)
+	if prepared() != first {
+		t.Fatalf("%v statements prepared after 5 pipelined transactions, %v after 30 more: prepared again per transaction", first, prepared())
+	}
+	held := serverPrepared(t, db)
+	if len(held) == 0 || float64(len(held)) != first {
+		t.Fatalf("the connection holds %d prepared statements %v, the client counted %v", len(held), held, first)
+	}
+	hasBeginAndRead(t, held)
+	for name := range held {
+		if _, err := db.ExecContext(ctx, "DEALLOCATE "+name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readPipelined(t, ctx, db, c, 5)
+	if dropped := testutil.ToFloat64(c.m.prepared.WithLabelValues("dropped")); dropped != first {
+		t.Fatalf("%v statements dropped after DEALLOCATE, want the %v prepared", dropped, first)
+	}
+	again := serverPrepared(t, db)
+	if float64(len(again)) != prepared()-first {
+		t.Fatalf("after DEALLOCATE the connection holds %v; the client counted %v statements prepared again", again, prepared()-first)
+	}
+	hasBeginAndRead(t, again)
+	for name := range again {
+		if _, old := held[name]; old {
+			t.Fatalf("statement %s prepared again under its old name", name)
+		}
+	}
+}
+
+// hasBeginAndRead fails unless the prepared statements include the
+// begin and the read of the balance.
+func hasBeginAndRead(t *testing.T, prepared map[string]string) {
+	t.Helper()
+	var begin, read bool
+	for _, stmt := range prepared {
+		begin = begin || stmt == beginReadOnly
+		read = read || strings.Contains(stmt, "FROM accounts WHERE id = $1")
+	}
+	if !begin || !read {
+		t.Fatalf("prepared: %v; want BEGIN and the read among them", prepared)
+	}
+}
+
+// stalePrepared knows PostgreSQL's answers for a prepared statement that is
+// gone or whose plan changed its result type, and nothing else.
+func TestStalePrepared(t *testing.T) {
+	for code, want := range map[string]bool{"26000": true, "0A000": true, "22012": false, "22023": false, "40001": false} {
+		err := &Error{Op: "query", Err: &pgconn.PgError{Code: code}}
+		if got := stalePrepared(err); got != want {
+			t.Errorf("stalePrepared(%s) = %v, want %v", code, got, want)
+		}
+	}
+	if stalePrepared(errors.New("connection reset")) {
+		t.Error("stalePrepared of an error without SQLSTATE")
+	}
+}
