@@ -145,19 +145,17 @@ func (t *ROTx) beginPiped(ctx context.Context, snapshot string, plan *holdPlan, 
 			resultFormats[i] = databaseSQLResultFormats[f.DataTypeOID]
 		}
 	}
-	stmts := []string{beginReadOnly, "SET TRANSACTION SNAPSHOT '" + snapshot + "'"}
+	stmts := []string{beginReadOnly, setSnapshot + "'" + snapshot + "'"}
 	if plan != nil {
 		stmts = append(stmts, plan.statements()...)
 	}
 	b := &pgconn.Batch{}
-	for i, s := range stmts {
-		if i != 1 { // the import names the pin's snapshot
-			if psd := set.prepare(ctx, pc.PgConn(), t.c.m, s); psd != nil {
-				b.ExecPrepared(psd.Name, nil, nil, nil)
-				continue
-			}
+	for _, s := range stmts {
+		if psd := set.prepare(ctx, pc.PgConn(), t.c.m, s); psd != nil {
+			b.ExecPrepared(psd.Name, nil, nil, nil)
+			continue
 		}
-		b.ExecParams(s, nil, nil, nil, nil)
+		b.ExecParams(s, nil, nil, nil, nil) // the import
 	}
 	if named != nil {
 		b.ExecPrepared(named.Name, eqb.ParamValues, eqb.ParamFormats, resultFormats)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -25,7 +26,9 @@ import (
 // result type (0A000): the names are deallocated before the connection's
 // next pipelined begin, and the next generation prepares anew. Statements
 // that name a snapshot (SET TRANSACTION SNAPSHOT) are not prepared: each
-// pin would take a statement of its own.
+// pin would take a statement of its own. A fresh snapshot's begin
+// (beginNow) and the lock and check of tables a transaction reads later
+// (holdTables) run as prepared statements too.
 
 // maxPreparedPerConn bounds the statements one connection keeps prepared;
 // past it, statements run unnamed (parsed and planned each time).
@@ -69,16 +72,24 @@ func (s *preparedSet) drop(m *clientMetrics) {
 	s.generation++
 }
 
-// prepare returns the statement prepared for sql on pc, preparing it
-// (one round trip, outside any transaction) when the set does not hold it
-// yet. It returns nil when the set is full or the statement could not be
-// prepared: the caller then runs sql unnamed, and the usual path reports
-// any error of its own.
+// setSnapshot begins the statements that import a snapshot: never
+// prepared.
+const setSnapshot = "SET TRANSACTION SNAPSHOT "
+
+// prepare returns the statement prepared for sql on pc, preparing it (one
+// round trip; a prepared statement outlives the transaction it was
+// prepared in) when the set does not hold it yet. It returns nil for a
+// snapshot's import, when the set is full, and when the statement could
+// not be prepared: the caller then runs sql unnamed, and the usual path
+// reports any error of its own.
 func (s *preparedSet) prepare(ctx context.Context, pc *pgconn.PgConn, m *clientMetrics, sql string) *pgconn.StatementDescription {
 	if sd := s.stmts[sql]; sd != nil {
 		return sd
 	}
-	if len(s.stmts) >= maxPreparedPerConn || pc.TxStatus() != 'I' {
+	if strings.HasPrefix(sql, setSnapshot) || len(s.stmts) >= maxPreparedPerConn {
+		return nil
+	}
+	if st := pc.TxStatus(); st != 'I' && st != 'T' { // not in a failed transaction
 		return nil
 	}
 	if err := s.deallocateStale(ctx, pc); err != nil {
@@ -121,6 +132,28 @@ func (s *preparedSet) deallocateStale(ctx context.Context, pc *pgconn.PgConn) er
 		s.stale = nil
 	}
 	return err
+}
+
+// runPrepared runs stmts (no parameters, text results) on pc in one round
+// trip, each as a statement the connection keeps prepared when it can. A
+// statement PostgreSQL no longer had drops the set; the error is returned
+// (stalePrepared tells it), and the caller decides whether to run them
+// again.
+func runPrepared(ctx context.Context, pc *pgconn.PgConn, epoch uint64, m *clientMetrics, stmts ...string) ([]*pgconn.Result, error) {
+	set := preparedSetOf(pc, epoch, m)
+	b := &pgconn.Batch{}
+	for _, s := range stmts {
+		if sd := set.prepare(ctx, pc, m, s); sd != nil {
+			b.ExecPrepared(sd.Name, nil, nil, nil)
+		} else {
+			b.ExecParams(s, nil, nil, nil, nil)
+		}
+	}
+	results, err := pc.ExecBatch(ctx, b).ReadAll()
+	if stalePrepared(err) {
+		set.drop(m)
+	}
+	return results, err
 }
 
 // stalePrepared reports whether err says a prepared statement of the

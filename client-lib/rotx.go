@@ -305,7 +305,7 @@ func (t *ROTx) begin(ctx context.Context, pin invalidation.Pin, tables []string)
 		if err := invalidation.PinValidSnapshotID(snapshot); err != nil {
 			return err
 		}
-		sql += "; SET TRANSACTION SNAPSHOT '" + snapshot + "'"
+		sql += "; " + setSnapshot + "'" + snapshot + "'"
 	}
 	if err := t.acquire(ctx); err != nil {
 		return err
@@ -385,7 +385,14 @@ func (t *ROTx) beginNow(ctx context.Context) (invalidation.PinVerifyRequest, err
 	if err := t.acquire(ctx); err != nil {
 		return invalidation.PinVerifyRequest{}, err
 	}
-	results, err := pgConnOf(t.conn).Exec(ctx, beginReadOnly+"; "+nowSnapshotSQL).ReadAll()
+	results, err := runPrepared(ctx, pgConnOf(t.conn), t.c.epoch.Load(), t.c.m, beginReadOnly, nowSnapshotSQL)
+	if stalePrepared(err) { // nothing read yet: once more, prepared anew
+		_ = t.closeConn(ctx)
+		if err = t.acquire(ctx); err != nil {
+			return invalidation.PinVerifyRequest{}, err
+		}
+		results, err = runPrepared(ctx, pgConnOf(t.conn), t.c.epoch.Load(), t.c.m, beginReadOnly, nowSnapshotSQL)
+	}
 	if err != nil {
 		_ = t.closeConn(ctx)
 		return invalidation.PinVerifyRequest{}, err
@@ -1030,7 +1037,18 @@ func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
 		return nil
 	}
 	plan.unplaced = t.placing != nil
-	results, err := pgConnOf(t.conn).Exec(ctx, plan.sql()).ReadAll()
+	results, err := runPrepared(ctx, pgConnOf(t.conn), t.c.epoch.Load(), t.c.m, plan.statements()...)
+	if stalePrepared(err) {
+		// PostgreSQL no longer had a statement the connection prepared,
+		// and the transaction is aborted: as for a replaced result type
+		// (replan), it begins again at its pin, or asks for a retry.
+		if t.pin.SnapshotID == "" || t.placing != nil {
+			return fmt.Errorf("larder: the connection's prepared statements were dropped; retry the transaction: %w", ErrRetry)
+		}
+		t.c.m.planRetries.Inc()
+		_ = t.closeConn(ctx)
+		return t.beginAt(ctx, t.pin, tables)
+	}
 	if err != nil {
 		return err
 	}
