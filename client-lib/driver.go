@@ -451,6 +451,11 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 		c.scopeStale = true
 	}
 	res, err := c.Conn.ExecContext(ctx, query, args)
+	if err == nil && discardsPrepared.MatchString(query) {
+		if err := forgetPrepared(ctx, c.Conn.Conn()); err != nil {
+			return nil, err
+		}
+	}
 	if err == nil && !c.inRW && !pure {
 		// An autocommitted statement: later read-only transactions see it.
 		if err := c.noteWritten(ctx, nil); err != nil {

@@ -115,7 +115,7 @@ func (t *ROTx) beginPiped(ctx context.Context, snapshot string, plan *holdPlan, 
 		pc = t.pooled.Conn()
 	}
 	epoch := t.c.epoch.Load()
-	set := preparedSetOf(pc.PgConn(), epoch, t.c.m)
+	set := preparedSetOf(pc, epoch, t.c.m)
 	k := descKey{scope: q.scope, sql: q.sql}
 	named := set.prepare(ctx, pc.PgConn(), t.c.m, q.sql)
 	sd := named

@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"regexp"
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -45,10 +47,16 @@ type preparedSet struct {
 	stale      []string                                // names to deallocate
 }
 
-// preparedSetOf returns pc's set at epoch (a set of an older epoch is
-// dropped).
-func preparedSetOf(pc *pgconn.PgConn, epoch uint64, m *clientMetrics) *preparedSet {
-	data := pc.CustomData()
+// preparedSetOf returns conn's set at epoch (a set of an older epoch is
+// dropped), or nil when conn runs its statements unnamed: a connection
+// not in pgx's statement-cache mode keeps the statement names of its
+// session to whoever owns it (the wire front's sessions are their
+// clients').
+func preparedSetOf(conn *pgx.Conn, epoch uint64, m *clientMetrics) *preparedSet {
+	if conn.Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		return nil
+	}
+	data := conn.PgConn().CustomData()
 	s, _ := data[preparedSetKey].(*preparedSet)
 	if s == nil {
 		s = &preparedSet{epoch: epoch}
@@ -64,6 +72,9 @@ func preparedSetOf(pc *pgconn.PgConn, epoch uint64, m *clientMetrics) *preparedS
 // drop forgets every statement of the set; their names are deallocated
 // before the connection's next pipelined begin.
 func (s *preparedSet) drop(m *clientMetrics) {
+	if s == nil {
+		return
+	}
 	m.prepared.WithLabelValues("dropped").Add(float64(len(s.stmts)))
 	for _, sd := range s.stmts {
 		s.stale = append(s.stale, sd.Name)
@@ -83,6 +94,9 @@ const setSnapshot = "SET TRANSACTION SNAPSHOT "
 // not be prepared: the caller then runs sql unnamed, and the usual path
 // reports any error of its own.
 func (s *preparedSet) prepare(ctx context.Context, pc *pgconn.PgConn, m *clientMetrics, sql string) *pgconn.StatementDescription {
+	if s == nil {
+		return nil
+	}
 	if sd := s.stmts[sql]; sd != nil {
 		return sd
 	}
@@ -134,13 +148,15 @@ func (s *preparedSet) deallocateStale(ctx context.Context, pc *pgconn.PgConn) er
 	return err
 }
 
-// runPrepared runs stmts (no parameters, text results) on pc in one round
-// trip, each as a statement the connection keeps prepared when it can. A
+// runPrepared runs stmts (no parameters, text results) on conn in one
+// round trip, each as a statement the connection keeps prepared when it
+// can. A
 // statement PostgreSQL no longer had drops the set; the error is returned
 // (stalePrepared tells it), and the caller decides whether to run them
 // again.
-func runPrepared(ctx context.Context, pc *pgconn.PgConn, epoch uint64, m *clientMetrics, stmts ...string) ([]*pgconn.Result, error) {
-	set := preparedSetOf(pc, epoch, m)
+func runPrepared(ctx context.Context, conn *pgx.Conn, epoch uint64, m *clientMetrics, stmts ...string) ([]*pgconn.Result, error) {
+	set := preparedSetOf(conn, epoch, m)
+	pc := conn.PgConn()
 	b := &pgconn.Batch{}
 	for _, s := range stmts {
 		if sd := set.prepare(ctx, pc, m, s); sd != nil {
@@ -154,6 +170,21 @@ func runPrepared(ctx context.Context, pc *pgconn.PgConn, epoch uint64, m *client
 		set.drop(m)
 	}
 	return results, err
+}
+
+// discardsPrepared matches statements that deallocate every prepared
+// statement of the session (a pooler's reset query, say). A match inside
+// a literal or a comment only costs the connection its prepared
+// statements.
+var discardsPrepared = regexp.MustCompile(`(?i)\b(DISCARD\s+ALL|DEALLOCATE\s+(PREPARE\s+)?ALL)\b`)
+
+// forgetPrepared forgets what pc had prepared, pgx's statements and the
+// client's, after a statement that deallocated them all
+// (discardsPrepared): the next statements are prepared anew instead of
+// failing with "prepared statement does not exist".
+func forgetPrepared(ctx context.Context, pc *pgx.Conn) error {
+	delete(pc.PgConn().CustomData(), preparedSetKey)
+	return pc.DeallocateAll(ctx) // resets pgx's caches (the server has none left)
 }
 
 // stalePrepared reports whether err says a prepared statement of the

@@ -253,3 +253,35 @@ func readBoth(ctx context.Context, db *sql.DB, first, second string) (int, strin
 	}
 	return n, s, nil
 }
+
+// TestDiscardThroughDatabaseSQL: an application that resets its session
+// with DISCARD ALL or DEALLOCATE ALL (as a pooler's reset query does) goes
+// on reading and writing through the driver: the statements the
+// connection had prepared (pgx's and the client's) are known to be gone.
+func TestDiscardThroughDatabaseSQL(t *testing.T) {
+	s := startStack(t)
+	db := openDB(t, DriverName, s.dsnNodes()) // no node, no L1: every read misses
+	db.SetMaxOpenConns(1)
+	ctx := context.Background()
+	for i, reset := range []string{"DISCARD ALL", "DEALLOCATE ALL", "deallocate prepare all"} {
+		for j := 0; j < 3; j++ { // statements prepared on the connection
+			readBalanceDB(t, ctx, db, 1)
+			if _, err := db.ExecContext(ctx, "UPDATE accounts SET ver = ver + 1 WHERE id = $1", 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := db.ExecContext(ctx, reset); err != nil {
+			t.Fatalf("%s: %v", reset, err)
+		}
+		if got := readBalanceDB(t, ctx, db, 1); got != 100 {
+			t.Fatalf("after %s: balance %d, want 100", reset, got)
+		}
+		var ver int
+		if err := db.QueryRowContext(ctx, "UPDATE accounts SET ver = ver + 1 WHERE id = $1 RETURNING ver", 2).Scan(&ver); err != nil {
+			t.Fatalf("after %s: %v", reset, err)
+		}
+		if want := 4 * (i + 1); ver != want {
+			t.Fatalf("after %s: ver %d, want %d", reset, ver, want)
+		}
+	}
+}

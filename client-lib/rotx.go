@@ -385,13 +385,13 @@ func (t *ROTx) beginNow(ctx context.Context) (invalidation.PinVerifyRequest, err
 	if err := t.acquire(ctx); err != nil {
 		return invalidation.PinVerifyRequest{}, err
 	}
-	results, err := runPrepared(ctx, pgConnOf(t.conn), t.c.epoch.Load(), t.c.m, beginReadOnly, nowSnapshotSQL)
+	results, err := runPrepared(ctx, pgxConnOf(t.conn), t.c.epoch.Load(), t.c.m, beginReadOnly, nowSnapshotSQL)
 	if stalePrepared(err) { // nothing read yet: once more, prepared anew
 		_ = t.closeConn(ctx)
 		if err = t.acquire(ctx); err != nil {
 			return invalidation.PinVerifyRequest{}, err
 		}
-		results, err = runPrepared(ctx, pgConnOf(t.conn), t.c.epoch.Load(), t.c.m, beginReadOnly, nowSnapshotSQL)
+		results, err = runPrepared(ctx, pgxConnOf(t.conn), t.c.epoch.Load(), t.c.m, beginReadOnly, nowSnapshotSQL)
 	}
 	if err != nil {
 		_ = t.closeConn(ctx)
@@ -1037,7 +1037,7 @@ func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
 		return nil
 	}
 	plan.unplaced = t.placing != nil
-	results, err := runPrepared(ctx, pgConnOf(t.conn), t.c.epoch.Load(), t.c.m, plan.statements()...)
+	results, err := runPrepared(ctx, pgxConnOf(t.conn), t.c.epoch.Load(), t.c.m, plan.statements()...)
 	if stalePrepared(err) {
 		// PostgreSQL no longer had a statement the connection prepared,
 		// and the transaction is aborted: as for a replaced result type
@@ -1084,6 +1084,15 @@ func (t *ROTx) checkHeld(ctx context.Context, plan *holdPlan, results []*pgconn.
 		t.held[name] = true
 	}
 	return nil
+}
+
+// pgxConnOf is the pgx connection under a pooled or a database/sql
+// connection.
+func pgxConnOf(c dbConn) *pgx.Conn {
+	if p, ok := c.(*pgxpool.Conn); ok {
+		return p.Conn()
+	}
+	return c.(*pgx.Conn)
 }
 
 // pgConnOf is the protocol connection under a pooled or a database/sql

@@ -307,3 +307,52 @@ INSERT INTO resetother.accounts VALUES (1, -7) ON CONFLICT DO NOTHING`); err != 
 		t.Fatalf("after RESET ALL the default search path again: %d", got)
 	}
 }
+
+// TestFrontSessionsKeepTheirStatementNames: the library prepares no
+// statement of its own on a session relayed through the front (its
+// statement names are the client's), though read-only transactions that
+// miss begin there and lock and check a second table later.
+func TestFrontSessionsKeepTheirStatementNames(t *testing.T) {
+	s := typesStack(t)
+	ctx := context.Background()
+	conn := connect(t, s.frontURL)
+	misses := s.front.Stats().Misses.Load()
+	for id := 1; id <= 3; id++ {
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var bal int
+		if err := tx.QueryRow(ctx, readBalance, id).Scan(&bal); err != nil {
+			t.Fatal(err)
+		}
+		// A second table: its lock and storage check come later.
+		if _, err := tx.Exec(ctx, "SELECT * FROM typed WHERE id = $1", id); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.front.Stats().Misses.Load() == misses {
+		t.Fatal("no read-only transaction missed: nothing began on the session")
+	}
+	var names []string
+	rows, err := conn.Query(ctx, `SELECT name FROM pg_prepared_statements WHERE name NOT LIKE 'stmtcache\_%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, n)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 0 {
+		t.Fatalf("the session holds prepared statements the client did not make: %v", names)
+	}
+}
