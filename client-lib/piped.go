@@ -20,10 +20,11 @@ import (
 // The read runs as a statement the connection keeps prepared
 // (prepared.go), or, past the connection's bound, as an unnamed statement
 // with the parameter types a description cache holds (learnt once per
-// statement and schema epoch by a Describe); a read that fails there (a description gone stale, or any
-// other error) ends the pipelined attempt: the transaction begins again at
-// the same pin and the read runs the usual way, which gives the answer a
-// read not pipelined would have. A pipelined read is not shared with a
+// statement and schema epoch by a Describe). A read that fails there (a
+// statement or description gone stale, or any other error) ends the
+// pipelined attempt before any storage check: the transaction begins
+// again at the same pin and the read runs the usual way, which gives the
+// answer a read not pipelined would have. A pipelined read is not shared with a
 // concurrent identical miss of the client (its begin could wait for a
 // lock, and no waiter may wait for a load that does); later misses are.
 

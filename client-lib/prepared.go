@@ -150,10 +150,9 @@ func (s *preparedSet) deallocateStale(ctx context.Context, pc *pgconn.PgConn) er
 
 // runPrepared runs stmts (no parameters, text results) on conn in one
 // round trip, each as a statement the connection keeps prepared when it
-// can. A
-// statement PostgreSQL no longer had drops the set; the error is returned
-// (stalePrepared tells it), and the caller decides whether to run them
-// again.
+// can. A statement PostgreSQL no longer had drops the set; the error is
+// returned (stalePrepared tells it), and the caller decides whether to
+// run them again.
 func runPrepared(ctx context.Context, conn *pgx.Conn, epoch uint64, m *clientMetrics, stmts ...string) ([]*pgconn.Result, error) {
 	set := preparedSetOf(conn, epoch, m)
 	pc := conn.PgConn()
