@@ -314,13 +314,7 @@ func (d *Driver) client(ctx context.Context, dsn string, cfg Config) (*Client, e
 // DriverStats returns the counters of the Client behind a DSN opened with
 // the larder driver, if it was opened in this process.
 func DriverStats(dsn string) (*Stats, bool) {
-	d, ok := registered.(*Driver)
-	if !ok {
-		return nil, false
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	c := d.clients[dsn]
+	c := driverClient(dsn)
 	if c == nil {
 		return nil, false
 	}
@@ -330,17 +324,23 @@ func DriverStats(dsn string) (*Stats, bool) {
 // DriverTemplates returns Templates of the Client behind a DSN opened with
 // the larder driver, if it was opened in this process.
 func DriverTemplates(dsn string) ([]TemplateFigures, bool) {
-	d, ok := registered.(*Driver)
-	if !ok {
-		return nil, false
-	}
-	d.mu.Lock()
-	c := d.clients[dsn]
-	d.mu.Unlock()
+	c := driverClient(dsn)
 	if c == nil {
 		return nil, false
 	}
 	return c.Templates(), true
+}
+
+// driverClient is the Client behind a DSN opened with the larder driver
+// in this process, or nil.
+func driverClient(dsn string) *Client {
+	d, ok := registered.(*Driver)
+	if !ok {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.clients[dsn]
 }
 
 type stalenessKey struct{}

@@ -105,16 +105,7 @@ var errPipeAgain = errors.New("larder: the pipelined read failed; begin again wi
 // returns false when q cannot be pipelined on this connection (nothing
 // was sent).
 func (t *ROTx) beginPiped(ctx context.Context, snapshot string, plan *holdPlan, ts uint64, q *pipedRead) (bool, error) {
-	var pc *pgx.Conn
-	switch c := t.conn.(type) {
-	case *pgx.Conn:
-		pc = c
-	default:
-		if t.pooled == nil {
-			return false, nil
-		}
-		pc = t.pooled.Conn()
-	}
+	pc := pgxConnOf(t.conn)
 	epoch := t.c.epoch.Load()
 	set := preparedSetOf(pc, epoch, t.c.m)
 	k := descKey{scope: q.scope, sql: q.sql}

@@ -12,14 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// driverClient returns the Client behind a DSN opened with the larder
-// driver.
-func driverClient(t *testing.T, dsn string) *Client {
+// clientOf returns the Client behind a DSN opened with the larder driver.
+func clientOf(t *testing.T, dsn string) *Client {
 	t.Helper()
-	d := registered.(*Driver)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	c := d.clients[dsn]
+	c := driverClient(dsn)
 	if c == nil {
 		t.Fatal("the DSN has no client")
 	}
@@ -88,7 +84,7 @@ func TestPipelinedBeginIsPrepared(t *testing.T) {
 	db.SetMaxOpenConns(1) // the connection the transactions run on, and the one asked
 	ctx := context.Background()
 	readBalanceDB(t, ctx, db, 1)
-	c := driverClient(t, dsn)
+	c := clientOf(t, dsn)
 	prepared := func() float64 { return testutil.ToFloat64(c.m.prepared.WithLabelValues("prepared")) }
 
 	readPipelined(t, ctx, db, c, 5)
@@ -185,7 +181,7 @@ func TestLaterHoldIsPrepared(t *testing.T) {
 		}
 	}
 	both()
-	c := driverClient(t, dsn)
+	c := clientOf(t, dsn)
 	lockNotes := `LOCK TABLE "public"."notes" IN ACCESS SHARE MODE`
 	heldLock := func() string {
 		for name, stmt := range serverPrepared(t, db) {

@@ -995,10 +995,8 @@ func (t *ROTx) onDBUncached(ctx context.Context, sql string, args []any) (*Resul
 // and the statement runs once more; one at a fresh snapshot cannot take
 // it again: the caller must retry the transaction (ErrRetry).
 func (t *ROTx) replan(ctx context.Context, sql string, args []any, tables []string) (*Result, error) {
-	if t.pin.SnapshotID != "" {
-		t.c.m.planRetries.Inc()
-		_ = t.closeConn(ctx)
-		if err := t.beginAt(ctx, t.pin, tables); err != nil {
+	if again, err := t.beginAgainAtPin(ctx, tables); again {
+		if err != nil {
 			return nil, err
 		}
 		if res, err := t.onDB(ctx, sql, args); !planChanged(err) {
@@ -1006,6 +1004,20 @@ func (t *ROTx) replan(ctx context.Context, sql string, args []any, tables []stri
 		}
 	}
 	return nil, fmt.Errorf("larder: a schema change replaced the statement's result type; retry the transaction: %w", ErrRetry)
+}
+
+// beginAgainAtPin begins the transaction, which PostgreSQL aborted over a
+// statement cached on its connection, again at its pin (the same
+// snapshot), holding tables (counted in larder_client_plan_retries_total).
+// It reports false, doing nothing, for a transaction at a fresh snapshot,
+// which cannot be taken again.
+func (t *ROTx) beginAgainAtPin(ctx context.Context, tables []string) (bool, error) {
+	if t.pin.SnapshotID == "" {
+		return false, nil
+	}
+	t.c.m.planRetries.Inc()
+	_ = t.closeConn(ctx)
+	return true, t.beginAt(ctx, t.pin, tables)
 }
 
 // holdTables locks the tables a query reads (ACCESS SHARE, which every
@@ -1042,12 +1054,10 @@ func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
 		// PostgreSQL no longer had a statement the connection prepared,
 		// and the transaction is aborted: as for a replaced result type
 		// (replan), it begins again at its pin, or asks for a retry.
-		if t.pin.SnapshotID == "" || t.placing != nil {
-			return fmt.Errorf("larder: the connection's prepared statements were dropped; retry the transaction: %w", ErrRetry)
+		if again, err := t.beginAgainAtPin(ctx, tables); again {
+			return err
 		}
-		t.c.m.planRetries.Inc()
-		_ = t.closeConn(ctx)
-		return t.beginAt(ctx, t.pin, tables)
+		return fmt.Errorf("larder: the connection's prepared statements were dropped; retry the transaction: %w", ErrRetry)
 	}
 	if err != nil {
 		return err
@@ -1089,23 +1099,18 @@ func (t *ROTx) checkHeld(ctx context.Context, plan *holdPlan, results []*pgconn.
 // pgxConnOf is the pgx connection under a pooled or a database/sql
 // connection.
 func pgxConnOf(c dbConn) *pgx.Conn {
-	if p, ok := c.(*pgxpool.Conn); ok {
-		return p.Conn()
+	switch c := c.(type) {
+	case *pgxpool.Conn:
+		return c.Conn()
+	case *pgx.Conn:
+		return c
 	}
-	return c.(*pgx.Conn)
+	panic(fmt.Sprintf("larder: no protocol connection under %T", c))
 }
 
 // pgConnOf is the protocol connection under a pooled or a database/sql
 // connection.
-func pgConnOf(c dbConn) *pgconn.PgConn {
-	switch c := c.(type) {
-	case *pgxpool.Conn:
-		return c.Conn().PgConn()
-	case *pgx.Conn:
-		return c.PgConn()
-	}
-	panic(fmt.Sprintf("larder: no protocol connection under %T", c))
-}
+func pgConnOf(c dbConn) *pgconn.PgConn { return pgxConnOf(c).PgConn() }
 
 // snapshotGone reports PostgreSQL's refusal of SET TRANSACTION SNAPSHOT
 // for a snapshot whose exporting transaction has ended: "invalid snapshot
