@@ -305,6 +305,10 @@ type Stats struct {
 	// ScopeReads counts reads of a session's roles and settings (the key
 	// scope) after a statement that may have changed them.
 	ScopeReads atomic.Int64
+	// Patches counts the misses (of Misses) that read only the rows of a
+	// split result again, by key, because the L1 held its membership
+	// valid (patch.go).
+	Patches atomic.Int64
 }
 
 // Caches a lookup misses in (noteMiss; the cache label of

@@ -61,7 +61,7 @@ func (c *Client) Templates() []TemplateFigures {
 		if v, ok := c.templateSQL.Load(id); ok {
 			f.SQL = v.(string)
 		}
-		for _, src := range []string{"l1", "node", "database", "uncached"} {
+		for _, src := range []string{"l1", "node", "database", "patched", "uncached"} {
 			var m dto.Metric
 			if err := c.m.templateReads.WithLabelValues(id, src).Write(&m); err == nil {
 				f.Reads[src] = int64(m.GetCounter().GetValue())
@@ -70,7 +70,7 @@ func (c *Client) Templates() []TemplateFigures {
 		out = append(out, f)
 	}
 	total := func(f TemplateFigures) int64 {
-		return f.Reads["l1"] + f.Reads["node"] + f.Reads["database"] + f.Reads["uncached"]
+		return f.Reads["l1"] + f.Reads["node"] + f.Reads["database"] + f.Reads["patched"] + f.Reads["uncached"]
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if ti, tj := total(out[i]), total(out[j]); ti != tj {

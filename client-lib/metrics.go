@@ -63,6 +63,9 @@ type clientMetrics struct {
 	earlyPuts     prometheus.Counter
 	// rowSplits: results cached split by rows (quma.RowSplit), by outcome.
 	rowSplits *prometheus.CounterVec
+	// rowPatches: split results patched from their membership (patch.go),
+	// by outcome.
+	rowPatches *prometheus.CounterVec
 	// functionCalls: cacheable function calls, by outcome (l1, node:
 	// hits; run: run and cached; uncacheable: run, not cached).
 	functionCalls *prometheus.CounterVec
@@ -108,9 +111,10 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		schemaReloads:    prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_schema_reloads_total", Help: "Reloads of the live catalog and of the invalidator's coverage after a schema change."}),
 		registrations:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_tag_set_registrations_total", Help: "Tag column sets of the QUMA file the client asked the invalidator to publish, by outcome: registered, refused (the invalidator's reason is logged), failed (no answer, or the invalidator could not yet; tried again after a growing pause)."}, []string{"outcome"}),
 		rowSplits:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_row_split_results_total", Help: "Cached results whose template splits by rows: split (group tags on the membership columns, a tag per row for the rest) or whole (a NULL key, an unreadable key column, more rows than the split allows)."}, []string{"outcome"}),
+		rowPatches:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_row_patches_total", Help: "Reads of a split result that missed it but found its membership (which rows it holds, in order) valid in the L1, by outcome: patched (the rows read again by key at the snapshot and put in order) or refused (the rows read did not match the membership's columns, or one was missing: the query ran)."}, []string{"outcome"}),
 		earlyPuts:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_puts_before_tag_set_total", Help: "Results not put on a cache-node because a tag column set they key on was registered after their snapshot (kept in the L1 only)."}),
 		functionCalls:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_function_calls_total", Help: "Cacheable function calls, by outcome: l1 and node (hits), run (run and cached), uncacheable (run, not cached: it read something uncacheable)."}, []string{"outcome"}),
-		templateReads:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_reads_total", Help: "Reads in read-only transactions by query template (its id, the pg_query fingerprint; the first 500 templates, then \"other\") and source: l1 and node (hits), database (a miss, computed at the snapshot and cached), uncached (run at the snapshot, not cached)."}, []string{"template", "source"}),
+		templateReads:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_reads_total", Help: "Reads in read-only transactions by query template (its id, the pg_query fingerprint; the first 500 templates, then \"other\") and source: l1 and node (hits), database (a miss, computed at the snapshot and cached), patched (a miss whose rows were read again by key, its membership held: larder_client_row_patches_total), uncached (run at the snapshot, not cached)."}, []string{"template", "source"}),
 		templateMisses:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_misses_total", Help: "Cache lookups that missed, by query template (as larder_client_template_reads_total), cache (l1, node) and class: compulsory (the key held nothing), staleness (only versions older than the transaction may read: invalidated, or older than its staleness limit or its session's last write), capacity (evicted), consistency (a version, but outside the snapshots the transaction can still choose)."}, []string{"template", "cache", "class"}),
 		pinsOtherServer:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_pins_other_server_total", Help: "Pins not imported because they were exported by another run of the PostgreSQL server than the connection's (it restarted since; snapshot ids repeat across restarts): each is dropped like a released pin and the transaction tries its next one."}),
 		freshWaits: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "larder_client_fresh_snapshot_seconds", Help: "Time to place a fresh snapshot, for a read-only transaction that found no pin recent enough (typically its session's first read after a write), each try: BEGIN and the snapshot's read, then the pincushion's answer; by outcome: placed, or not (refused: not exact, or not answered in time). The transaction's reads do not wait for it (larder_client_unplaced_reads_total).",
@@ -128,6 +132,9 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	for _, o := range []string{"registered", "refused", "failed"} {
 		m.registrations.WithLabelValues(o)
 	}
+	for _, o := range []string{"patched", "refused"} {
+		m.rowPatches.WithLabelValues(o)
+	}
 	for _, s := range []string{"l1", "node", "database"} {
 		m.reads.WithLabelValues(s)
 	}
@@ -136,7 +143,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.nodeSkips, m.collapsed, m.pipedReads, m.prepared, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
-			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.rowSplits, m.functionCalls, m.templateReads, m.templateMisses,
+			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.rowSplits, m.rowPatches, m.functionCalls, m.templateReads, m.templateMisses,
 			m.pinsOtherServer, m.freshWaits, m.unplacedReads)
 	}
 	return m
@@ -161,7 +168,8 @@ func MetricsRegistry() *prometheus.Registry {
 
 // templateRead counts one read of a query template (quma.Template.ID)
 // by where its result came from: "l1" or "node" (hits), "database" (a
-// miss, computed at the snapshot and cached) or "uncached" (run at the
+// miss, computed at the snapshot and cached), "patched" (a miss whose
+// rows were read again by key, patch.go) or "uncached" (run at the
 // snapshot without caching). Past maxTemplates distinct templates, new
 // ones are counted as "other"; an empty template is not counted.
 func (m *clientMetrics) templateRead(template, source string) {

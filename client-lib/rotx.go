@@ -788,12 +788,34 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		}
 	}
 
+	// A split result whose membership the L1 still holds valid is
+	// patched: its rows are read again by key (patch.go).
+	var split *quma.RowSplit
+	var mkey []byte
+	var members *memberList
+	if t.c.l1 != nil && t.remote == nil && t.c.splits(tpl) && pipeable(runArgs) {
+		if split = fetchSplit(tpl); split != nil {
+			if mkey, err = t.c.membersKey(scopeKey, sql, runArgs); err != nil {
+				split = nil // keyed as key was: not expected
+			} else {
+				members = t.lookupMembers(ctx, mkey, tpl.ID)
+			}
+		}
+	}
+
 	t.c.stats.Misses.Add(1)
 	t.c.m.reads.WithLabelValues("database").Inc()
-	t.c.m.templateRead(tpl.ID, "database")
+	loadSQL, loadArgs := runSQL, runArgs
+	if members != nil {
+		loadSQL, loadArgs = split.Fetch, []any{members.keys}
+		t.c.stats.Patches.Add(1)
+		t.c.m.templateRead(tpl.ID, "patched")
+	} else {
+		t.c.m.templateRead(tpl.ID, "database")
+	}
 	var piped *pipedRead
-	if !t.fixed && t.remote == nil && !t.fallback && pipeable(runArgs) {
-		piped = &pipedRead{sql: runSQL, args: runArgs, scope: t.scope.key}
+	if !t.fixed && t.remote == nil && !t.fallback && pipeable(loadArgs) {
+		piped = &pipedRead{sql: loadSQL, args: loadArgs, scope: t.scope.key}
 		t.pipe = piped
 	}
 	err = t.fix(ctx, tables)
@@ -804,12 +826,20 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if t.fallback || t.placing != nil {
 		// No pin left, and nothing read yet: the transaction took a
 		// fresh snapshot, uncached until placed (or for good). (The read
-		// is counted as a miss already.)
+		// is counted as a miss already; a membership found is of no use.)
 		res, err := t.readUncached(ctx, "", runSQL, runArgs)
 		if err == nil {
 			noteResult(res)
 		}
 		return res, err
+	}
+	if members != nil && !members.holds(t.ts) {
+		// Every pin the membership narrowed the transaction to was gone,
+		// and it began at a fresh snapshot instead (fix): the query runs.
+		members, loadSQL, loadArgs = nil, runSQL, runArgs
+		if piped != nil && piped.ran {
+			piped.ran = false // it read the rows: of no use
+		}
 	}
 	var v any
 	var shared bool
@@ -820,19 +850,38 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		// Identical misses at the same snapshot load once. Every
 		// transaction holds its tables before it loads or waits (fix), so
 		// no load waits for a lock, and no waiter for a load that does.
-		v, err, shared = t.c.flight.Do(fmt.Sprintf("%x@%d", key, t.ts), func() (any, error) {
-			return t.onDB(ctx, runSQL, runArgs)
+		flightKey := fmt.Sprintf("%x@%d", key, t.ts)
+		if members != nil {
+			flightKey = "rows of " + flightKey
+		}
+		v, err, shared = t.c.flight.Do(flightKey, func() (any, error) {
+			return t.onDB(ctx, loadSQL, loadArgs)
 		})
 	}
 	if planChanged(err) {
 		shared = false
-		v, err = t.replan(ctx, runSQL, runArgs, tables)
+		v, err = t.replan(ctx, loadSQL, loadArgs, tables)
 	}
 	if err != nil {
 		return nil, err
 	}
 	res := v.(*Result)
-	t.trace = append(t.trace, fmt.Sprintf("db@%X(now=%v,shared=%v)", t.ts, t.now, shared))
+	if members != nil {
+		patched, ok := members.compose(res, split)
+		if ok {
+			t.c.m.rowPatches.WithLabelValues("patched").Inc()
+			res = patched
+		} else {
+			// The rows read are not the membership's (a column's type
+			// or format changed, a row is missing): the query runs.
+			t.c.m.rowPatches.WithLabelValues("refused").Inc()
+			if res, err = t.atSnapshot(ctx, runSQL, runArgs, tables); err != nil {
+				return nil, err
+			}
+			members = nil
+		}
+	}
+	t.trace = append(t.trace, fmt.Sprintf("db@%X(now=%v,shared=%v,patched=%v)", t.ts, t.now, shared, members != nil))
 	if shared {
 		t.c.m.collapsed.Inc()
 	}
@@ -841,7 +890,8 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return res, nil
 	}
 	value := res.encode(nil)
-	qtags = t.c.splitRows(tpl, qtags, res) // split once: for the put and for a running function
+	groups := len(qtags)
+	qtags, isSplit := t.c.splitRows(tpl, qtags, res) // split once: for the put and for a running function
 	noteTags(qtags)
 	if !k.publishedAt(qtags, t.ts) {
 		// Keyed on a set registered after this snapshot: changes between
@@ -858,6 +908,10 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	deps := depsOf(qtags)
 	if t.c.l1 != nil {
 		t.c.l1Put(ctx, key, t.ts, deps, value, tpl.ID)
+		if split != nil && isSplit && members == nil {
+			// Its group tags come first (quma.Template.SplitRows).
+			t.putMembers(ctx, mkey, split, res, qtags[:groups], tpl.ID)
+		}
 	}
 	if node != nil && node.usable() {
 		put := &protocol.PutRequest{Key: key, Snapshot: t.ts, Deps: deps, Template: tpl.ID, Value: value}

@@ -7,10 +7,10 @@ import "github.com/larderdb/larder/qumaana/quma"
 // group tags on the membership columns, and a tag per row on its key for
 // the columns the result only shows. A result that cannot be split (a
 // NULL or unreadable key, too many rows) keeps qtags whole; both are
-// counted.
-func (c *Client) splitRows(tpl *quma.Template, qtags []quma.QueryTag, res *Result) []quma.QueryTag {
+// counted. The second result reports whether they were split.
+func (c *Client) splitRows(tpl *quma.Template, qtags []quma.QueryTag, res *Result) ([]quma.QueryTag, bool) {
 	if !c.splits(tpl) {
-		return qtags
+		return qtags, false
 	}
 	split, ok := c.splitTags(tpl, qtags, res)
 	if ok {
@@ -18,7 +18,7 @@ func (c *Client) splitRows(tpl *quma.Template, qtags []quma.QueryTag, res *Resul
 	} else {
 		c.m.rowSplits.WithLabelValues("whole").Inc()
 	}
-	return split
+	return split, ok
 }
 
 // splitTags is splitRows without the count: the tags, and whether they

@@ -78,7 +78,7 @@ func (s *session) explainLarder(stmt string) error {
 	for _, f := range s.f.cfg.Client.Templates() {
 		if f.Template == rep.Template {
 			lines = append(lines, fmt.Sprintf("Reads through this front: %d from the L1, %d from a cache-node, %d from PostgreSQL and cached, %d uncached (hit rate %s)",
-				f.Reads["l1"], f.Reads["node"], f.Reads["database"], f.Reads["uncached"], hitRate(f.Reads)))
+				f.Reads["l1"], f.Reads["node"], f.Reads["database"]+f.Reads["patched"], f.Reads["uncached"], hitRate(f.Reads)))
 		}
 	}
 	s.cw.send(textColumns("LARDER PLAN"))
@@ -94,7 +94,7 @@ func (s *session) showLarderQueries() error {
 	n := 0
 	for _, f := range s.f.cfg.Client.Templates() {
 		s.cw.send(&pgproto3.DataRow{Values: [][]byte{[]byte(f.Template), []byte(f.SQL),
-			[]byte(fmt.Sprint(f.Reads["l1"])), []byte(fmt.Sprint(f.Reads["node"])), []byte(fmt.Sprint(f.Reads["database"])),
+			[]byte(fmt.Sprint(f.Reads["l1"])), []byte(fmt.Sprint(f.Reads["node"])), []byte(fmt.Sprint(f.Reads["database"] + f.Reads["patched"])),
 			[]byte(fmt.Sprint(f.Reads["uncached"])), []byte(hitRate(f.Reads))}})
 		n++
 	}
@@ -102,9 +102,10 @@ func (s *session) showLarderQueries() error {
 	return nil
 }
 
-// hitRate is the share of reads served from the L1 or a cache-node.
+// hitRate is the share of reads served from the L1 or a cache-node (a
+// patched read is a miss: it read rows on PostgreSQL).
 func hitRate(r map[string]int64) string {
-	total := r["l1"] + r["node"] + r["database"] + r["uncached"]
+	total := r["l1"] + r["node"] + r["database"] + r["patched"] + r["uncached"]
 	if total == 0 {
 		return "-"
 	}

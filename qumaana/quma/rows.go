@@ -1,8 +1,10 @@
 package quma
 
 import (
+	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
@@ -60,6 +62,14 @@ type RowSplit struct {
 	// Both sorted; together they are the dependency's Reads.
 	Membership []string
 	Display    []string
+	// Fetch, set when every output column is a column of this table,
+	// reads the rows of a result again by key, their outputs in order:
+	// SELECT <the outputs' columns> FROM <table> WHERE <key> = ANY($1),
+	// $1 an array of keys. A client that still holds which rows a result
+	// holds (its membership, valid) but not what it shows of them (a row
+	// it shows changed) patches the result with it instead of running the
+	// query again.
+	Fetch string
 }
 
 // splitRows sets the RowSplit of each table of st (the statement's top
@@ -212,6 +222,17 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 			continue
 		}
 		s := &RowSplit{Output: keyAt, OutputName: outputs[keyAt].name, Outputs: outputNames, KeyColumn: key.Name, KeyType: key.Type}
+		cols := make([]string, 0, len(outputs))
+		for _, o := range outputs {
+			if o.rel != r {
+				cols = nil
+				break
+			}
+			cols = append(cols, o.col)
+		}
+		if cols != nil {
+			s.Fetch = fetchSQL(r.table.Name, cols, key.Name)
+		}
 		reads := r.reads
 		if r.all {
 			// Through a star (the only whole-table read that gets here:
@@ -237,6 +258,29 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		r.split = s
 	}
 }
+
+// fetchSQL is RowSplit.Fetch for table ("schema.table"), its columns
+// cols and its key; "" for a name that does not split into a schema and a
+// table.
+func fetchSQL(table string, cols []string, key string) string {
+	schema, name, ok := strings.Cut(table, ".")
+	if !ok || strings.Contains(name, ".") {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("SELECT ")
+	for i, c := range cols {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(quoteIdent(c))
+	}
+	fmt.Fprintf(&b, " FROM %s.%s WHERE %s = ANY($1)", quoteIdent(schema), quoteIdent(name), quoteIdent(key))
+	return b.String()
+}
+
+// quoteIdent quotes an identifier as PostgreSQL reads it back.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // plainColumns reports whether every column reference in n names a
 // column the analysis knows of one of sc's tables.

@@ -142,3 +142,32 @@ func TestRowSplitOutputName(t *testing.T) {
 		}
 	}
 }
+
+// A split whose outputs are all columns of its table can read its rows
+// again by key (RowSplit.Fetch), the outputs in order, a star expanded;
+// one that shows another table's columns cannot.
+func TestRowSplitFetch(t *testing.T) {
+	for sql, want := range map[string]string{
+		"SELECT id, name, price FROM items WHERE category = $1 ORDER BY end_date LIMIT 20":                                                  `SELECT "id", "name", "price" FROM "public"."items" WHERE "id" = ANY($1)`,
+		"SELECT items.name, items.id AS item FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2": `SELECT "name", "id" FROM "public"."items" WHERE "id" = ANY($1)`,
+		"SELECT * FROM items WHERE category = $1":                                                            `SELECT "id", "name", "category", "seller", "price", "end_date", "code", "qty" FROM "public"."items" WHERE "id" = ANY($1)`,
+		"SELECT i.id, i.name, u.nickname FROM items i JOIN users u ON u.id = i.seller WHERE i.category = $1": "",
+	} {
+		tpl := prepare(t, sql)
+		var got []string
+		for _, d := range tpl.Deps {
+			if d.Rows != nil {
+				got = append(got, d.Rows.Fetch)
+			}
+		}
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("%s\n  fetch %q, want %q", sql, got, want)
+		}
+	}
+	if got := fetchSQL(`odd.schema.t"x`, []string{`a"b`}, "id"); got != "" {
+		t.Errorf("fetch for a table name with two dots: %q", got)
+	}
+	if got := fetchSQL(`s.t"x`, []string{`a"b`}, "id"); got != `SELECT "a""b" FROM "s"."t""x" WHERE "id" = ANY($1)` {
+		t.Errorf("quoting: %q", got)
+	}
+}

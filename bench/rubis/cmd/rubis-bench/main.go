@@ -291,7 +291,7 @@ func run() error {
 	}
 	if b.templates.Len() > 0 {
 		head := "# Reads and misses per query template\n\n" + rep.Scale + ", " + rep.Mix + " mix. Each cached run's reads by source " +
-			"(hits in an L1 or a node, misses computed on PostgreSQL, uncached reads) and its cache lookups that missed, by class " +
+			"(hits in an L1 or a node, misses computed on PostgreSQL, misses patched: a split result whose rows were read again by key, uncached reads) and its cache lookups that missed, by class " +
 			"(larder_client_template_misses_total), the templates with most PostgreSQL reads first.\n"
 		if err := os.WriteFile(filepath.Join(*out, "templates.md"), []byte(head+b.templates.String()), 0o644); err != nil {
 			return err
@@ -653,7 +653,7 @@ func readsOf(mode, label string, env map[string]string) map[string]int64 {
 // statsOf is a client's reads by source, its node's and L1's misses by
 // class, its fresh snapshots and its function calls.
 func statsOf(st *larder.Stats) map[string]int64 {
-	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load(),
+	return map[string]int64{"l1": st.L1Hits.Load(), "node": st.NodeHits.Load(), "database": st.Misses.Load(), "patched": st.Patches.Load(),
 		"uncacheable":     st.Uncacheable.Load(),
 		"miss-compulsory": st.NodeMisses[store.MissCompulsory].Load(), "miss-staleness": st.NodeMisses[store.MissStaleness].Load(),
 		"miss-capacity": st.NodeMisses[store.MissCapacity].Load(), "miss-consistency": st.NodeMisses[store.MissConsistency].Load(),
@@ -781,7 +781,7 @@ func writeTemplates(w *strings.Builder, title string, before, after []larder.Tem
 		return rows[i].sql < rows[j].sql
 	})
 	fmt.Fprintf(w, "\n## %s\n\n", title)
-	w.WriteString("| template | reads | hits: L1 / node | PostgreSQL: cached / uncached | L1 misses: compulsory / staleness / capacity / consistency | node misses: compulsory / staleness / capacity / consistency |\n|---|---|---|---|---|---|\n")
+	w.WriteString("| template | reads | hits: L1 / node | PostgreSQL: cached / patched / uncached | L1 misses: compulsory / staleness / capacity / consistency | node misses: compulsory / staleness / capacity / consistency |\n|---|---|---|---|---|---|\n")
 	classes := func(m map[string]int64, cache string) string {
 		return fmt.Sprintf("%d / %d / %d / %d", m[cache+" compulsory"], m[cache+" staleness"], m[cache+" capacity"], m[cache+" consistency"])
 	}
@@ -790,7 +790,7 @@ func writeTemplates(w *strings.Builder, title string, before, after []larder.Tem
 		if len(sql) > 100 {
 			sql = sql[:100] + "…"
 		}
-		fmt.Fprintf(w, "| `%s` | %d | %d / %d | %d / %d | %s | %s |\n", strings.ReplaceAll(sql, "|", "\\|"), r.n, r.reads["l1"], r.reads["node"],
-			r.reads["database"], r.reads["uncached"], classes(r.miss, "l1"), classes(r.miss, "node"))
+		fmt.Fprintf(w, "| `%s` | %d | %d / %d | %d / %d / %d | %s | %s |\n", strings.ReplaceAll(sql, "|", "\\|"), r.n, r.reads["l1"], r.reads["node"],
+			r.reads["database"], r.reads["patched"], r.reads["uncached"], classes(r.miss, "l1"), classes(r.miss, "node"))
 	}
 }
