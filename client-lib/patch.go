@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -34,8 +35,56 @@ import (
 type memberList struct {
 	fields []pgconn.FieldDescription
 	keys   []int64
+	// bound is the lower bound it was computed for, when it is kept to be
+	// carried (quma.Carry); none otherwise.
+	bound bound
 	// lo, hi: the timestamps it holds at, as the lookup served it.
 	lo, hi uint64
+}
+
+// bound is the value of a carried lower bound (quma.Carry): an integer,
+// or a time as an instant and its zone's offset. Bounds compare only
+// when they are of one kind (and, times, of one offset: a timestamp
+// without time zone compares their wall clocks).
+type bound struct {
+	kind boundKind
+	v    int64 // the integer, or the time in Unix nanoseconds
+	zone int64 // a time's offset from UTC in seconds
+}
+
+type boundKind uint8
+
+const (
+	boundNone boundKind = iota
+	boundInt
+	boundTime
+)
+
+// boundOf reads a parameter's value as a bound: an integer or a
+// time.Time; ok false for anything else.
+func boundOf(a any) (bound, bool) {
+	switch v := a.(type) {
+	case int:
+		return bound{kind: boundInt, v: int64(v)}, true
+	case int16:
+		return bound{kind: boundInt, v: int64(v)}, true
+	case int32:
+		return bound{kind: boundInt, v: int64(v)}, true
+	case int64:
+		return bound{kind: boundInt, v: v}, true
+	case time.Time:
+		_, off := v.Zone()
+		if v.Year() < 1800 || v.Year() > 2200 { // UnixNano's range
+			return bound{}, false
+		}
+		return bound{kind: boundTime, v: v.UnixNano(), zone: int64(off)}, true
+	}
+	return bound{}, false
+}
+
+// atMost reports whether b is of c's kind and no higher.
+func (b bound) atMost(c bound) bool {
+	return b.kind == c.kind && b.kind != boundNone && b.zone == c.zone && b.v <= c.v
 }
 
 // holds reports whether the membership holds at timestamp ts.
@@ -45,15 +94,22 @@ func (m *memberList) holds(ts uint64) bool { return m.lo <= ts && ts < m.hi }
 const membersVersion = 1
 
 // encodeMembers encodes a membership: version, the columns (a Result
-// without rows, encoded), the number of keys, then each key (a varint).
-func encodeMembers(fields []pgconn.FieldDescription, keys []int64) []byte {
-	head := (&Result{Fields: fields}).encode(nil)
-	dst := make([]byte, 0, 1+binary.MaxVarintLen64+len(head)+binary.MaxVarintLen64*(1+len(keys)))
+// without rows, encoded), the number of keys, each key (a varint), then
+// the bound: its kind (a byte), and for a kind other than none its value
+// and zone (varints).
+func encodeMembers(m *memberList) []byte {
+	head := (&Result{Fields: m.fields}).encode(nil)
+	dst := make([]byte, 0, 1+binary.MaxVarintLen64*(4+len(m.keys))+len(head))
 	dst = append(dst, membersVersion)
 	dst = wire.AppendBytes(dst, head)
-	dst = binary.AppendUvarint(dst, uint64(len(keys)))
-	for _, k := range keys {
+	dst = binary.AppendUvarint(dst, uint64(len(m.keys)))
+	for _, k := range m.keys {
 		dst = binary.AppendVarint(dst, k)
+	}
+	dst = append(dst, byte(m.bound.kind))
+	if m.bound.kind != boundNone {
+		dst = binary.AppendVarint(dst, m.bound.v)
+		dst = binary.AppendVarint(dst, m.bound.zone)
 	}
 	return dst
 }
@@ -79,6 +135,13 @@ func decodeMembers(b []byte) (*memberList, error) {
 	nk := d.Count("keys", 1)
 	for i := 0; i < nk && d.Err == nil; i++ {
 		m.keys = append(m.keys, d.Varint("key"))
+	}
+	switch k := boundKind(d.Byte("bound kind")); {
+	case d.Err != nil, k == boundNone:
+	case k == boundInt || k == boundTime:
+		m.bound = bound{kind: k, v: d.Varint("bound"), zone: d.Varint("bound zone")}
+	default:
+		d.Fail("bound of unknown kind %d", k)
 	}
 	if err := d.End(); err != nil {
 		return nil, err
@@ -135,10 +198,71 @@ func (m *memberList) compose(fetched *Result, s *quma.RowSplit) (*Result, bool) 
 	return out, true
 }
 
-// membersKey keys the membership of the result keyed key (scope, sql and
-// args as for Client.key); it cannot collide with a result's key.
-func (c *Client) membersKey(scope, sql string, args []any) ([]byte, error) {
-	return c.key(scope+"\nmembership", sql, args)
+// patchPlan is how a read of a split result may be patched: the split,
+// the membership's key and, when it is carried, the read's bound; and
+// the membership found.
+type patchPlan struct {
+	split *quma.RowSplit
+	key   []byte
+	// carried: the membership is keyed without the bound (quma.Carry),
+	// whose value for this read is bound.
+	carried  bool
+	bound    bound
+	boundArg any // the bound's parameter as the read has it
+	members  *memberList
+}
+
+// planPatch makes the plan of a read of tpl (sql with args, in scope),
+// the membership looked up; nil when the read cannot be patched.
+func (t *ROTx) planPatch(ctx context.Context, tpl *quma.Template, scope, sql string, args []any) *patchPlan {
+	s := fetchSplit(tpl)
+	if s == nil {
+		return nil
+	}
+	p := &patchPlan{split: s}
+	if c := s.Carry; c != nil && c.Param <= len(args) && (c.Offset == 0 || c.Offset <= len(args) && isZero(args[c.Offset-1])) {
+		p.boundArg = args[c.Param-1]
+		p.bound, p.carried = boundOf(p.boundArg)
+	}
+	var err error
+	if p.carried {
+		rest := append(append([]any(nil), args[:p.split.Carry.Param-1]...), args[p.split.Carry.Param:]...)
+		p.key, err = t.c.key(scope+"\nmembership carried", sql, rest)
+	} else {
+		p.key, err = t.c.key(scope+"\nmembership", sql, args)
+	}
+	if err != nil {
+		return nil // keyed as the result was: not expected
+	}
+	m := t.lookupMembers(ctx, p.key, tpl.ID)
+	if m != nil && (!p.carried || m.bound.atMost(p.bound)) {
+		p.members = m
+	}
+	return p
+}
+
+// isZero reports whether an offset parameter is the integer 0.
+func isZero(a any) bool {
+	b, ok := boundOf(a)
+	return ok && b.kind == boundInt && b.v == 0
+}
+
+// load is the statement that reads the membership's rows again, and its
+// arguments: the keys, and a carried membership's bound.
+func (p *patchPlan) load() (string, []any) {
+	if p.carried && !carryIgnoresBoundForTest {
+		return p.split.Carry.Fetch, []any{p.members.keys, p.boundArg}
+	}
+	return p.split.Fetch, []any{p.members.keys}
+}
+
+// outcome is larder_client_row_patches_total's outcome of a patch made:
+// carried (from a lower bound) or patched.
+func (p *patchPlan) outcome() string {
+	if p.carried && p.members.bound.v < p.bound.v {
+		return "carried"
+	}
+	return "patched"
 }
 
 // lookupMembers looks for the membership under mkey in the L1, valid at a
@@ -163,18 +287,28 @@ func (t *ROTx) lookupMembers(ctx context.Context, mkey []byte, tplID string) *me
 }
 
 // putMembers keeps the membership of res, split with groups (the result's
-// group tags, narrowed to the membership columns), in the L1 at snapshot.
-func (t *ROTx) putMembers(ctx context.Context, mkey []byte, s *quma.RowSplit, res *Result, groups []quma.QueryTag, tplID string) {
-	keys, ok := res.splitKeys(s)
+// group tags, narrowed to the membership columns), in the L1 at the
+// transaction's snapshot.
+func (t *ROTx) putMembers(ctx context.Context, p *patchPlan, res *Result, groups []quma.QueryTag, tplID string) {
+	keys, ok := res.splitKeys(p.split)
 	if !ok {
 		return
+	}
+	m := &memberList{fields: res.Fields, keys: keys}
+	if p.carried {
+		m.bound = p.bound
 	}
 	deps := depsOf(groups)
 	if membersForeverForTest {
 		deps = nil
 	}
-	t.c.l1Put(ctx, mkey, t.ts, deps, encodeMembers(res.Fields, keys), tplID)
+	t.c.l1Put(ctx, p.key, t.ts, deps, encodeMembers(m), tplID)
 }
+
+// carryIgnoresBoundForTest breaks the client on purpose (a membership
+// carried to a higher bound has its rows read again without it) so that
+// a test can show that its check notices.
+var carryIgnoresBoundForTest bool
 
 // membersForeverForTest breaks the client on purpose (memberships are
 // kept with no tags: nothing ends them) so that a test can show that its

@@ -27,21 +27,29 @@ func TestMembersEncoding(t *testing.T) {
 		{Name: "id", TableOID: 16384, TableAttributeNumber: 1, DataTypeOID: pgtype.Int4OID, DataTypeSize: 4, TypeModifier: -1, Format: pgtype.BinaryFormatCode},
 		{Name: "name", DataTypeOID: pgtype.TextOID, DataTypeSize: -1, TypeModifier: -1},
 	}
-	for _, keys := range [][]int64{nil, {4}, {4, -9, 4, 1 << 40}} {
-		m, err := decodeMembers(encodeMembers(fields, keys))
+	at, _ := boundOf(time.Date(2026, 11, 28, 8, 0, 0, 0, time.FixedZone("x", 3600)))
+	for i, want := range []*memberList{
+		{fields: fields},
+		{fields: fields, keys: []int64{4}},
+		{fields: fields, keys: []int64{4, -9, 4, 1 << 40}, bound: bound{kind: boundInt, v: -3}},
+		{fields: fields, keys: []int64{1}, bound: at},
+	} {
+		m, err := decodeMembers(encodeMembers(want))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(m.fields, fields) || !slices.Equal(m.keys, keys) {
-			t.Errorf("round trip of %v: %+v", keys, m)
+		if !slices.Equal(m.fields, want.fields) || !slices.Equal(m.keys, want.keys) || m.bound != want.bound {
+			t.Errorf("round trip %d: %+v, want %+v", i, m, want)
 		}
 	}
-	good := encodeMembers(fields, []int64{1, 2, 3})
+	good := encodeMembers(&memberList{fields: fields, keys: []int64{1, 2, 3}})
 	for name, b := range map[string][]byte{
 		"empty":         nil,
 		"version":       append([]byte{9}, good[1:]...),
 		"truncated":     good[:len(good)-1],
 		"trailing":      append(slices.Clone(good), 0),
+		"bound kind":    append(slices.Clone(good[:len(good)-1]), 7, 0, 0),
+		"bound value":   append(slices.Clone(good[:len(good)-1]), byte(boundInt), 2),
 		"columns":       {membersVersion, 5, 1, 2},
 		"rows in head":  append([]byte{membersVersion}, appendLen((&Result{Fields: fields[:1], Rows: [][][]byte{{nil}}}).encode(nil))...),
 		"too many keys": append(append([]byte{membersVersion}, appendLen((&Result{}).encode(nil))...), 200, 1),
@@ -52,12 +60,47 @@ func TestMembersEncoding(t *testing.T) {
 	}
 }
 
+// Bounds compare within a kind, and times only with one offset.
+func TestBounds(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 8, 0, 0, 0, time.UTC)
+	b := func(a any) bound {
+		t.Helper()
+		v, ok := boundOf(a)
+		if !ok {
+			t.Fatalf("%v: not a bound", a)
+		}
+		return v
+	}
+	for _, c := range []struct {
+		a, b any
+		want bool
+	}{
+		{1, int64(1), true}, {int32(1), 2, true}, {3, 2, false},
+		{t0, t0, true}, {t0, t0.Add(time.Minute), true}, {t0.Add(time.Nanosecond), t0, false},
+		{t0, 5, false}, {5, t0, false},
+		{t0, t0.In(time.FixedZone("x", 3600)), false},
+	} {
+		if got := b(c.a).atMost(b(c.b)); got != c.want {
+			t.Errorf("%v at most %v: %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
+	for _, a := range []any{"x", 1.5, uint64(1), time.Time{}, nil} {
+		if _, ok := boundOf(a); ok {
+			t.Errorf("%#v taken as a bound", a)
+		}
+	}
+	if (bound{}).atMost(bound{}) {
+		t.Error("no bound is at most no bound")
+	}
+}
+
 func appendLen(b []byte) []byte { return append(binary.AppendUvarint(nil, uint64(len(b))), b...) }
 
 // A corrupt membership is refused with errCorruptResult, never a panic.
 func FuzzDecodeMembers(f *testing.F) {
-	f.Add(encodeMembers([]pgconn.FieldDescription{{Name: "id", DataTypeOID: pgtype.Int8OID, Format: 1}}, []int64{1, 2}))
-	f.Add([]byte{membersVersion, 1, 1, 0})
+	f.Add(encodeMembers(&memberList{fields: []pgconn.FieldDescription{{Name: "id", DataTypeOID: pgtype.Int8OID, Format: 1}}, keys: []int64{1, 2}}))
+	f.Add(encodeMembers(&memberList{keys: []int64{7}, bound: bound{kind: boundTime, v: 1, zone: -3600}}))
+	f.Add([]byte{membersVersion, 1, 1, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMembers(b)
 		if err != nil {
@@ -66,7 +109,7 @@ func FuzzDecodeMembers(f *testing.F) {
 			}
 			return
 		}
-		if again, err := decodeMembers(encodeMembers(m.fields, m.keys)); err != nil || !slices.Equal(again.keys, m.keys) {
+		if again, err := decodeMembers(encodeMembers(m)); err != nil || !slices.Equal(again.keys, m.keys) || again.bound != m.bound {
 			t.Fatalf("re-encoded: %v %v", again, err)
 		}
 	})
@@ -99,10 +142,6 @@ func TestMembersCompose(t *testing.T) {
 		}
 	}
 }
-
-// searchPageAll is a search page holding every item of its category,
-// which it shows.
-const searchPageAll = "SELECT id, name, price, category FROM items WHERE category = $1 ORDER BY id LIMIT 50"
 
 // A change to an item a cached search page shows ends the page but not
 // which items it holds: the next read of the page reads that page's
@@ -222,44 +261,70 @@ func TestPatchedSearchPageThroughDatabaseSQL(t *testing.T) {
 	untilPatched("after a rename of an item the page shows", page...)
 }
 
-// patchDDL and patchSeed: items 1-12, in categories 1-3, each priced 100.
+// The randomized check's items: 1-12 in categories 1-3, each priced
+// 100; items 1-9 end in ten days, 10, 11 and 12 in one, two and three
+// hours. Pages read items from a lower bound on end_date: the first
+// patchBounds[i] holds every item, the last items 1-9 only.
 const (
 	patchItems      = 12
+	patchLasting    = 9 // items 1-9 end after every bound
 	patchCategories = 3
-	patchSeed       = `INSERT INTO items SELECT g, 1 + g % 3, 'item ' || g, 100 FROM generate_series(1, 12) g`
+	patchDDL        = `CREATE TABLE items (id int PRIMARY KEY, category int NOT NULL, name text NOT NULL, price int NOT NULL, end_date timestamptz NOT NULL);
+ALTER TABLE items REPLICA IDENTITY FULL`
+	patchSeed = `INSERT INTO items SELECT g, 1 + g % 3, 'item ' || g, 100,
+  '2030-01-01 00:00:00+00'::timestamptz + CASE WHEN g <= 9 THEN interval '10 days' ELSE (g - 9) * interval '1 hour' END
+FROM generate_series(1, 12) g`
+	// patchPage is a search page holding the items of its category from
+	// a lower bound on (every one: LIMIT 50), which it shows.
+	patchPage = "SELECT id, name, price, category FROM items WHERE category = $1 AND end_date >= $2 ORDER BY end_date, id LIMIT 50"
 )
 
-// Writers move money between items (a change to rows the pages show)
+// patchBounds are the lower bounds readers read from, after patchEpoch.
+var (
+	patchEpoch  = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	patchBounds = []time.Duration{0, 90 * time.Minute, 150 * time.Minute, 200 * time.Minute}
+)
+
+// Writers move money between items 1-9 (a change to rows the pages show)
 // and move items between categories (a change of which items a page
-// holds), directly on PostgreSQL; readers read every category's page in
-// one read-only transaction. At every snapshot every item is on exactly
-// one page, the page of its category, and the prices add up, so a patch
-// that mixed a membership with rows of another snapshot is seen. broken keeps memberships for
-// ever (never ended by a change of which items a page holds): the check
-// must see it.
+// holds), directly on PostgreSQL; readers read every category's page
+// from a random lower bound in one read-only transaction. At every
+// snapshot the items from the bound are on exactly one page, their
+// category's, and their prices add up, so a patch that mixed a
+// membership with rows of another snapshot, or carried one to a higher
+// bound that leaves one of its items out, is seen. The broken runs keep
+// memberships for ever (never ended by a change of which items a page
+// holds), or carry them to a higher bound without reading their rows
+// from it: the check must see each.
 func TestPatchedPagesAddUp(t *testing.T) {
-	for _, broken := range []bool{false, true} {
-		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
-			membersForeverForTest = broken
-			defer func() { membersForeverForTest = false }()
-			violations, reads, patches := patchedPagesRun(t, broken)
+	for _, c := range []struct {
+		name string
+		hook *bool
+	}{{"broken=false", nil}, {"broken=members-forever", &membersForeverForTest}, {"broken=carry-ignores-bound", &carryIgnoresBoundForTest}} {
+		t.Run(c.name, func(t *testing.T) {
+			broken := c.hook != nil
+			if broken {
+				*c.hook = true
+				defer func() { *c.hook = false }()
+			}
+			violations, reads, patches, carried := patchedPagesRun(t, broken)
 			switch {
 			case broken && violations == 0:
-				t.Fatalf("memberships kept for ever passed %d read-only transactions (%d patched reads): the check cannot fail", reads, patches)
+				t.Fatalf("the broken client passed %d read-only transactions (%d patched reads, %d carried): the check cannot fail", reads, patches, carried)
 			case !broken && violations > 0:
-				t.Fatalf("%d of %d read-only transactions saw pages that do not add up (%d patched reads)", violations, reads, patches)
-			case patches == 0:
-				t.Fatalf("no read patched in %d read-only transactions: the patch went unchecked", reads)
+				t.Fatalf("%d of %d read-only transactions saw pages that do not add up (%d patched reads, %d carried)", violations, reads, patches, carried)
+			case !broken && (patches == 0 || carried == 0):
+				t.Fatalf("%d patched reads, %d carried in %d read-only transactions: a path went unchecked", patches, carried, reads)
 			}
-			t.Logf("%d violations in %d read-only transactions, %d patched reads", violations, reads, patches)
+			t.Logf("%d violations in %d read-only transactions, %d patched reads, %d carried", violations, reads, patches, carried)
 		})
 	}
 }
 
 // patchedPagesRun runs writers and readers for 4 s (30 s, ending at the
 // first violation, when untilViolation).
-func patchedPagesRun(t *testing.T, untilViolation bool) (violations, reads, patches int64) {
-	s := startStackWith(t, searchDDL, patchSeed, searchPageAll, "SELECT name FROM items WHERE id = $1",
+func patchedPagesRun(t *testing.T, untilViolation bool) (violations, reads, patches, carried int64) {
+	s := startStackWith(t, patchDDL, patchSeed, patchPage, "SELECT name FROM items WHERE id = $1",
 		"UPDATE items SET price = price + $1 WHERE id = $2", "UPDATE items SET category = $1 WHERE id = $2")
 	c := s.client(t, 8<<20)
 	ctx := context.Background()
@@ -283,8 +348,8 @@ func patchedPagesRun(t *testing.T, untilViolation bool) (violations, reads, patc
 			defer conn.Close(ctx)
 			for rctx.Err() == nil {
 				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-					if r.Intn(5) > 0 { // money between two items, locked in id order
-						a, b, amt := 1+r.Intn(patchItems), 1+r.Intn(patchItems), 1+r.Intn(10)
+					if r.Intn(5) > 0 { // money between two of items 1-9, locked in id order
+						a, b, amt := 1+r.Intn(patchLasting), 1+r.Intn(patchLasting), 1+r.Intn(10)
 						if a > b {
 							a, b, amt = b, a, -amt
 						}
@@ -305,19 +370,17 @@ func patchedPagesRun(t *testing.T, untilViolation bool) (violations, reads, patc
 			}
 		}(int64(w) + 1)
 	}
-	var everyItem []int
-	for id := 1; id <= patchItems; id++ {
-		everyItem = append(everyItem, id)
-	}
 	var bad, n atomic.Int64
 	// One reader reads up to 2 s back, one up to 300 ms, one up to 20 ms:
 	// pins newer than most writes, where pages are ended and patched.
-	for _, staleness := range []time.Duration{2 * time.Second, 300 * time.Millisecond, 20 * time.Millisecond} {
+	for i, staleness := range []time.Duration{2 * time.Second, 300 * time.Millisecond, 20 * time.Millisecond} {
 		wg.Add(1)
-		go func() {
+		go func(seed int64) {
 			defer wg.Done()
+			r := rand.New(rand.NewSource(seed))
 			for rctx.Err() == nil {
-				ids, sum, err := readPages(ctx, c, staleness)
+				b := r.Intn(len(patchBounds))
+				ids, sum, err := readPages(ctx, c, staleness, patchEpoch.Add(patchBounds[b]))
 				if err != nil {
 					if !errors.Is(err, ErrRetry) {
 						t.Error(err)
@@ -327,24 +390,31 @@ func patchedPagesRun(t *testing.T, untilViolation bool) (violations, reads, patc
 				}
 				n.Add(1)
 				sort.Ints(ids)
-				if sum != 100*patchItems || !slices.Equal(ids, everyItem) {
+				var want []int // items 1-9, and those of 10-12 that end after the bound
+				for id := 1; id <= patchItems; id++ {
+					if id <= patchLasting || time.Duration(id-patchLasting)*time.Hour >= patchBounds[b] {
+						want = append(want, id)
+					}
+				}
+				if sum != 100*len(want) || !slices.Equal(ids, want) {
 					if bad.Add(1) <= 3 {
-						t.Logf("the pages hold items %v priced %d in all, want items 1-%d priced %d", ids, sum, patchItems, 100*patchItems)
+						t.Logf("from bound %d the pages hold items %v priced %d in all, want items %v priced %d", b, ids, sum, want, 100*len(want))
 					}
 					if untilViolation {
 						cancel()
 					}
 				}
 			}
-		}()
+		}(int64(i) + 10)
 	}
 	wg.Wait()
-	return bad.Load(), n.Load(), c.Stats().Patches.Load()
+	return bad.Load(), n.Load(), c.Stats().Patches.Load(), int64(testutil.ToFloat64(c.m.rowPatches.WithLabelValues("carried")))
 }
 
-// readPages reads every category's page in one read-only transaction:
-// the items' ids and the sum of their prices.
-func readPages(ctx context.Context, c *Client, staleness time.Duration) ([]int, int, error) {
+// readPages reads every category's page from bound in one read-only
+// transaction: the items' ids and the sum of their prices. An item on
+// another category's page, or not named as it is, is counted twice.
+func readPages(ctx context.Context, c *Client, staleness time.Duration, bound time.Time) ([]int, int, error) {
 	tx, err := c.BeginRO(ctx, staleness)
 	if err != nil {
 		return nil, 0, err
@@ -353,7 +423,7 @@ func readPages(ctx context.Context, c *Client, staleness time.Duration) ([]int, 
 	var ids []int
 	sum := 0
 	for cat := 1; cat <= patchCategories; cat++ {
-		rows, err := tx.Query(ctx, searchPageAll, cat)
+		rows, err := tx.Query(ctx, patchPage, cat, bound)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -364,7 +434,6 @@ func readPages(ctx context.Context, c *Client, staleness time.Duration) ([]int, 
 				return nil, 0, err
 			}
 			if category != cat || name != fmt.Sprintf("item %d", id) {
-				// Counted as a violation: an item twice.
 				ids = append(ids, id)
 			}
 			ids = append(ids, id)
@@ -375,4 +444,98 @@ func readPages(ctx context.Context, c *Client, staleness time.Duration) ([]int, 
 		}
 	}
 	return ids, sum, nil
+}
+
+// A page read from a lower bound (a clock the application rounds, say)
+// is carried to a higher bound: its rows are read again by key from the
+// higher one, not the search (quma.Carry). Carried to a bound that leaves
+// one of its rows out, the search runs; a membership of a higher bound
+// is not used for a lower one. Through database/sql.
+func TestCarriedPageThroughDatabaseSQL(t *testing.T) {
+	s := startStackWith(t, patchDDL, patchSeed, patchPage, "SELECT name FROM items WHERE id = $1")
+	s.client(t, 0) // waits for pins
+	ctx := context.Background()
+	dsn := s.dsn("larder.l1=8MiB")
+	db := openDB(t, DriverName, dsn)
+	read := func(from time.Duration) []int { return readCarried(t, ctx, db, from) }
+	expect := func(what string, from time.Duration, want ...int) {
+		t.Helper()
+		if got := read(from); !slices.Equal(got, want) {
+			t.Fatalf("%s: page %v, want %v", what, got, want)
+		}
+	}
+	outcomes := func(cl *Client) [3]float64 {
+		return [3]float64{testutil.ToFloat64(cl.m.rowPatches.WithLabelValues("patched")),
+			testutil.ToFloat64(cl.m.rowPatches.WithLabelValues("carried")), testutil.ToFloat64(cl.m.rowPatches.WithLabelValues("refused"))}
+	}
+	// Category 1 holds items 3, 6, 9 and 12; 12 ends first, in 3 hours.
+	expect("first read", 0, 12, 3, 6, 9)
+	cl := driverClient(dsn)
+	if cl == nil {
+		t.Fatal("no client behind the DSN")
+	}
+	for deadline := time.Now().Add(30 * time.Second); cl.stats.L1Hits.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no L1 hit in 30 s")
+		}
+		expect("cached", 0, 12, 3, 6, 9)
+	}
+	before := outcomes(cl)
+	expect("from 90 minutes", 90*time.Minute, 12, 3, 6, 9)
+	if got := outcomes(cl); got != [3]float64{before[0], before[1] + 1, before[2]} {
+		t.Fatalf("patched / carried / refused %v, then %v: want one more carried", before, got)
+	}
+	// From 200 minutes item 12 is left out: the search runs, at a newer
+	// snapshot (a write to another category first), where its own
+	// membership is kept.
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "UPDATE items SET name = name WHERE id = 5"); err != nil {
+		t.Fatal(err)
+	}
+	read = func(from time.Duration) []int { return readCarried(t, ctx, conn, from) }
+	expect("from 200 minutes", 200*time.Minute, 3, 6, 9)
+	if got := outcomes(cl); got != [3]float64{before[0], before[1] + 1, before[2] + 1} {
+		t.Fatalf("patched / carried / refused %v, then %v: want one more refused", before, got)
+	}
+	// The newest membership is from 200 minutes: of no use from 60.
+	patches := cl.stats.Patches.Load()
+	expect("from 60 minutes", 60*time.Minute, 12, 3, 6, 9)
+	if n := cl.stats.Patches.Load() - patches; n != 0 {
+		t.Errorf("%d reads patched from a lower bound than their membership's", n)
+	}
+}
+
+// readCarried reads category 1's page of patchPage from patchEpoch+from
+// in a read-only transaction of db (a *sql.DB or a *sql.Conn).
+func readCarried(t *testing.T, ctx context.Context, db interface {
+	BeginTx(context.Context, *sql.TxOptions) (*sql.Tx, error)
+}, from time.Duration) []int {
+	t.Helper()
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Commit()
+	rows, err := tx.QueryContext(ctx, patchPage, 1, patchEpoch.Add(from))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var ids []int
+	for rows.Next() {
+		var id, price, category int
+		var name string
+		if err := rows.Scan(&id, &name, &price, &category); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }

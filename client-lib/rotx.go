@@ -790,28 +790,22 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 
 	// A split result whose membership the L1 still holds valid is
 	// patched: its rows are read again by key (patch.go).
-	var split *quma.RowSplit
-	var mkey []byte
+	var patch *patchPlan
+	if t.c.l1 != nil && t.remote == nil && tpl.ClockSQL == "" && t.c.splits(tpl) && pipeable(runArgs) {
+		patch = t.planPatch(ctx, tpl, scopeKey, sql, runArgs)
+	}
 	var members *memberList
-	if t.c.l1 != nil && t.remote == nil && t.c.splits(tpl) && pipeable(runArgs) {
-		if split = fetchSplit(tpl); split != nil {
-			if mkey, err = t.c.membersKey(scopeKey, sql, runArgs); err != nil {
-				split = nil // keyed as key was: not expected
-			} else {
-				members = t.lookupMembers(ctx, mkey, tpl.ID)
-			}
-		}
+	if patch != nil {
+		members = patch.members
 	}
 
 	t.c.stats.Misses.Add(1)
 	t.c.m.reads.WithLabelValues("database").Inc()
+	source := "database" // or "patched", once it is
+	defer func() { t.c.m.templateRead(tpl.ID, source) }()
 	loadSQL, loadArgs := runSQL, runArgs
 	if members != nil {
-		loadSQL, loadArgs = split.Fetch, []any{members.keys}
-		t.c.stats.Patches.Add(1)
-		t.c.m.templateRead(tpl.ID, "patched")
-	} else {
-		t.c.m.templateRead(tpl.ID, "database")
+		loadSQL, loadArgs = patch.load()
 	}
 	var piped *pipedRead
 	if !t.fixed && t.remote == nil && !t.fallback && pipeable(loadArgs) {
@@ -867,10 +861,11 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	}
 	res := v.(*Result)
 	if members != nil {
-		patched, ok := members.compose(res, split)
+		patched, ok := members.compose(res, patch.split)
 		if ok {
-			t.c.m.rowPatches.WithLabelValues("patched").Inc()
-			res = patched
+			t.c.m.rowPatches.WithLabelValues(patch.outcome()).Inc()
+			t.c.stats.Patches.Add(1)
+			res, source = patched, "patched"
 		} else {
 			// The rows read are not the membership's (a column's type
 			// or format changed, a row is missing): the query runs.
@@ -908,9 +903,9 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	deps := depsOf(qtags)
 	if t.c.l1 != nil {
 		t.c.l1Put(ctx, key, t.ts, deps, value, tpl.ID)
-		if split != nil && isSplit && members == nil {
+		if patch != nil && isSplit && members == nil {
 			// Its group tags come first (quma.Template.SplitRows).
-			t.putMembers(ctx, mkey, split, res, qtags[:groups], tpl.ID)
+			t.putMembers(ctx, patch, res, qtags[:groups], tpl.ID)
 		}
 	}
 	if node != nil && node.usable() {

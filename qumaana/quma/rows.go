@@ -70,6 +70,31 @@ type RowSplit struct {
 	// it shows changed) patches the result with it instead of running the
 	// query again.
 	Fetch string
+	// Carry, when set, says that a membership found for one value of a
+	// lower bound holds for a higher one too, once its rows are read
+	// again with the higher bound (see Carry).
+	Carry *Carry
+}
+
+// Carry describes a query whose rows start at a lower bound given as a
+// parameter: "WHERE … AND end_date >= $3 ORDER BY end_date LIMIT 20",
+// with no offset (or an offset parameter that is 0). Its membership for a
+// bound v holds for any bound w >= v at the same snapshot when every row
+// it holds still has end_date >= w: a row the higher bound leaves out
+// has end_date < w, below every row the membership holds, so it would
+// have been among them. A page keyed on a clock rounded to the minute
+// is then not run again every minute, only its rows read again by key.
+type Carry struct {
+	// Param is the bound's parameter (1-based); it appears once in the
+	// statement.
+	Param int
+	// Offset is the offset's parameter (1-based), which must be 0 at
+	// run time for the membership to be carried; 0 when the statement
+	// has no offset (or a literal 0).
+	Offset int
+	// Fetch is RowSplit.Fetch with the bound: "… WHERE <key> = ANY($1)
+	// AND <column> >= $2" ($2 the bound; > when the statement's is).
+	Fetch string
 }
 
 // splitRows sets the RowSplit of each table of st (the statement's top
@@ -233,6 +258,9 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		if cols != nil {
 			s.Fetch = fetchSQL(r.table.Name, cols, key.Name)
 		}
+		if s.Fetch != "" {
+			s.Carry = a.carryOf(st, sc, r, s.Fetch)
+		}
 		reads := r.reads
 		if r.all {
 			// Through a star (the only whole-table read that gets here:
@@ -257,6 +285,87 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		sort.Strings(s.Display)
 		r.split = s
 	}
+}
+
+// carryOf returns the Carry of the split of r in st, whose Fetch is
+// fetch, or nil: st's first ordering is a column c of r, ascending (or
+// there is no LIMIT), a conjunct of its WHERE is "c >= $k" or "c > $k"
+// with $k a bare parameter used nowhere else, and its offset is absent, a
+// literal 0 or a parameter.
+func (a *analysis) carryOf(st *pg.SelectStmt, sc *scope, r *relRef, fetch string) *Carry {
+	if st.GetLimitOption() == pg.LimitOption_LIMIT_OPTION_WITH_TIES {
+		return nil
+	}
+	var c *Carry
+	var col, op string
+	for _, n := range conjuncts(st.GetWhereClause()) {
+		e := n.GetAExpr()
+		if e == nil || e.GetKind() != pg.A_Expr_Kind_AEXPR_OP || len(e.GetName()) != 1 {
+			continue
+		}
+		o := e.GetName()[0].GetString_().GetSval()
+		cr, p := e.GetLexpr().GetColumnRef(), e.GetRexpr().GetParamRef()
+		if (o != ">=" && o != ">") || cr == nil || p == nil {
+			continue
+		}
+		if rel, name := a.outputColumn(cr, sc); rel == r && c == nil {
+			c, col, op = &Carry{Param: int(p.GetNumber())}, name, o
+		}
+	}
+	if c == nil || c.Param <= 0 {
+		return nil
+	}
+	uses := 0
+	walk(st, func(m proto.Message) bool {
+		if p, ok := m.(*pg.ParamRef); ok && int(p.GetNumber()) == c.Param {
+			uses++
+		}
+		return true
+	})
+	if uses != 1 {
+		return nil
+	}
+	if st.GetLimitCount() != nil {
+		sorts := st.GetSortClause()
+		if len(sorts) == 0 {
+			return nil
+		}
+		sb := sorts[0].GetSortBy()
+		cr := sb.GetNode().GetColumnRef()
+		if cr == nil || len(sb.GetUseOp()) > 0 ||
+			(sb.GetSortbyDir() != pg.SortByDir_SORTBY_DEFAULT && sb.GetSortbyDir() != pg.SortByDir_SORTBY_ASC) {
+			return nil
+		}
+		if rel, name := a.outputColumn(cr, sc); rel != r || name != col {
+			return nil
+		}
+	}
+	if off := st.GetLimitOffset(); off != nil {
+		switch {
+		case off.GetParamRef() != nil:
+			c.Offset = int(off.GetParamRef().GetNumber())
+		case off.GetAConst() != nil && off.GetAConst().GetIval() != nil && off.GetAConst().GetIval().GetIval() == 0:
+		default:
+			return nil
+		}
+	}
+	c.Fetch = fmt.Sprintf("%s AND %s %s $2", fetch, quoteIdent(col), op)
+	return c
+}
+
+// conjuncts lists the terms of a WHERE clause's top-level AND.
+func conjuncts(n *pg.Node) []*pg.Node {
+	if n == nil {
+		return nil
+	}
+	if b := n.GetBoolExpr(); b != nil && b.GetBoolop() == pg.BoolExprType_AND_EXPR {
+		var out []*pg.Node
+		for _, a := range b.GetArgs() {
+			out = append(out, conjuncts(a)...)
+		}
+		return out
+	}
+	return []*pg.Node{n}
 }
 
 // fetchSQL is RowSplit.Fetch for table ("schema.table"), its columns

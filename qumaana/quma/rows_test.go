@@ -171,3 +171,47 @@ func TestRowSplitFetch(t *testing.T) {
 		t.Errorf("quoting: %q", got)
 	}
 }
+
+// A page whose rows start at a lower bound given as a parameter, ordered
+// by the bound's column, carries its membership to higher bounds
+// (RowSplit.Carry); any other form does not.
+func TestRowSplitCarry(t *testing.T) {
+	const fetch = `SELECT "id", "name" FROM "public"."items" WHERE "id" = ANY($1)`
+	for sql, want := range map[string]string{
+		"SELECT id, name FROM items WHERE category = $1 AND end_date >= $2 ORDER BY end_date LIMIT 20 OFFSET $3":                                                                                       `$2 offset $3: ` + fetch + ` AND "end_date" >= $2`,
+		"SELECT id, name FROM items WHERE end_date > $1 AND category = $2 ORDER BY end_date ASC, id LIMIT 20":                                                                                          `$1 offset $0: ` + fetch + ` AND "end_date" > $2`,
+		"SELECT items.id, items.name FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 AND items.end_date >= $3 ORDER BY items.end_date LIMIT 20 OFFSET 0": `$3 offset $0: ` + fetch + ` AND "end_date" >= $2`,
+		// No LIMIT: every row from the bound up, in any order.
+		"SELECT id, name FROM items WHERE category = $1 AND qty >= $2": `$2 offset $0: ` + fetch + ` AND "qty" >= $2`,
+		// Not: ordered by another column, descending, no ordering with a
+		// LIMIT, the bound used twice, cast, on the left, an upper bound,
+		// a literal offset, WITH TIES.
+		"SELECT id, name FROM items WHERE category = $1 AND end_date >= $2 ORDER BY price LIMIT 20":                         "",
+		"SELECT id, name FROM items WHERE category = $1 AND end_date >= $2 ORDER BY end_date DESC LIMIT 20":                 "",
+		"SELECT id, name FROM items WHERE category = $1 AND end_date >= $2 LIMIT 20":                                        "",
+		"SELECT id, name FROM items WHERE category = $1 AND end_date >= $2 AND qty < $2 ORDER BY end_date LIMIT 20":         "",
+		"SELECT id, name FROM items WHERE category = $1 AND end_date >= $2::date ORDER BY end_date LIMIT 20":                "",
+		"SELECT id, name FROM items WHERE category = $1 AND $2 <= end_date ORDER BY end_date LIMIT 20":                      "",
+		"SELECT id, name FROM items WHERE category = $1 AND end_date <= $2 ORDER BY end_date LIMIT 20":                      "",
+		"SELECT id, name FROM items WHERE category = $1 AND end_date >= $2 ORDER BY end_date LIMIT 20 OFFSET 20":            "",
+		"SELECT id, name FROM items WHERE category = $1 AND end_date >= $2 ORDER BY end_date FETCH FIRST 20 ROWS WITH TIES": "",
+	} {
+		tpl := prepare(t, sql)
+		got := ""
+		for _, d := range tpl.Deps {
+			if c := d.Rows.carry(); c != nil {
+				got = fmt.Sprintf("$%d offset $%d: %s", c.Param, c.Offset, c.Fetch)
+			}
+		}
+		if got != want {
+			t.Errorf("%s\n  carry %q, want %q", sql, got, want)
+		}
+	}
+}
+
+func (s *RowSplit) carry() *Carry {
+	if s == nil {
+		return nil
+	}
+	return s.Carry
+}
