@@ -111,7 +111,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		schemaReloads:    prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_schema_reloads_total", Help: "Reloads of the live catalog and of the invalidator's coverage after a schema change."}),
 		registrations:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_tag_set_registrations_total", Help: "Tag column sets of the QUMA file the client asked the invalidator to publish, by outcome: registered, refused (the invalidator's reason is logged), failed (no answer, or the invalidator could not yet; tried again after a growing pause)."}, []string{"outcome"}),
 		rowSplits:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_row_split_results_total", Help: "Cached results whose template splits by rows: split (group tags on the membership columns, a tag per row for the rest) or whole (a NULL key, an unreadable key column, more rows than the split allows)."}, []string{"outcome"}),
-		rowPatches:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_row_patches_total", Help: "Reads of a split result that missed it but found its membership (which rows it holds, in order) valid in the L1, by outcome: patched (the rows read again by key at the snapshot and put in order) or refused (the rows read did not match the membership's columns, or one was missing: the query ran)."}, []string{"outcome"}),
+		rowPatches:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_row_patches_total", Help: "Reads of a split result that missed it but found its membership (which rows it holds, in order) valid in the L1, by outcome: patched (the rows read again by key at the snapshot and put in order), carried (the same, from a membership of a lower bound, the rows read from the read's bound) or refused (the rows read did not match the membership's columns, or one was missing, say left out by a higher bound: the query ran)."}, []string{"outcome"}),
 		earlyPuts:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_puts_before_tag_set_total", Help: "Results not put on a cache-node because a tag column set they key on was registered after their snapshot (kept in the L1 only)."}),
 		functionCalls:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_function_calls_total", Help: "Cacheable function calls, by outcome: l1 and node (hits), run (run and cached), uncacheable (run, not cached: it read something uncacheable)."}, []string{"outcome"}),
 		templateReads:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_template_reads_total", Help: "Reads in read-only transactions by query template (its id, the pg_query fingerprint; the first 500 templates, then \"other\") and source: l1 and node (hits), database (a miss, computed at the snapshot and cached), patched (a miss whose rows were read again by key, its membership held: larder_client_row_patches_total), uncached (run at the snapshot, not cached)."}, []string{"template", "source"}),
@@ -132,7 +132,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	for _, o := range []string{"registered", "refused", "failed"} {
 		m.registrations.WithLabelValues(o)
 	}
-	for _, o := range []string{"patched", "refused"} {
+	for _, o := range []string{"patched", "carried", "refused"} {
 		m.rowPatches.WithLabelValues(o)
 	}
 	for _, s := range []string{"l1", "node", "database"} {
