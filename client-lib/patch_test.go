@@ -161,35 +161,8 @@ func TestPatchedSearchPageThroughDatabaseSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	type item struct {
-		id, price int
-		name      string
-	}
-	read := func() []item {
-		t.Helper()
-		tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Commit()
-		rows, err := tx.QueryContext(ctx, searchPage, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var out []item
-		for rows.Next() {
-			var it item
-			if err := rows.Scan(&it.id, &it.name, &it.price); err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, it)
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
+	type item = searchItem
+	read := func() []item { t.Helper(); return readSearchPage(t, ctx, conn) }
 	write := func(sql string) {
 		t.Helper()
 		if _, err := conn.ExecContext(ctx, sql); err != nil {

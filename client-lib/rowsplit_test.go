@@ -26,6 +26,40 @@ const searchSeed = `INSERT INTO items SELECT g, 1 + g % 2, 'item ' || g, 10 * g 
 // searchPage is a search page: category 1's first three items (2, 4, 6).
 const searchPage = "SELECT id, name, price FROM items WHERE category = $1 ORDER BY id LIMIT 3"
 
+// searchItem is a row of searchPage.
+type searchItem struct {
+	id, price int
+	name      string
+}
+
+// readSearchPage reads searchPage for category 1 in a read-only
+// transaction on conn.
+func readSearchPage(t *testing.T, ctx context.Context, conn *sql.Conn) []searchItem {
+	t.Helper()
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Commit()
+	rows, err := tx.QueryContext(ctx, searchPage, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []searchItem
+	for rows.Next() {
+		var it searchItem
+		if err := rows.Scan(&it.id, &it.name, &it.price); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, it)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // A search page is split by rows: a change to an item of its category that
 // it does not show leaves it valid (no staleness miss; with the split off,
 // the same change ends it), a change to an item it shows ends it, and so
@@ -44,35 +78,8 @@ func TestRowSplitThroughDatabaseSQL(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			type item struct {
-				id, price int
-				name      string
-			}
-			read := func() []item {
-				t.Helper()
-				tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer tx.Commit()
-				rows, err := tx.QueryContext(ctx, searchPage, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer rows.Close()
-				var out []item
-				for rows.Next() {
-					var it item
-					if err := rows.Scan(&it.id, &it.name, &it.price); err != nil {
-						t.Fatal(err)
-					}
-					out = append(out, it)
-				}
-				if err := rows.Err(); err != nil {
-					t.Fatal(err)
-				}
-				return out
-			}
+			type item = searchItem
+			read := func() []item { t.Helper(); return readSearchPage(t, ctx, conn) }
 			d := registered.(*Driver)
 			expect := func(what string, want ...item) {
 				t.Helper()
