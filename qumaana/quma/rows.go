@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 )
@@ -298,7 +299,7 @@ func (a *analysis) carryOf(st *pg.SelectStmt, sc *scope, r *relRef, fetch string
 	}
 	var c *Carry
 	var col, op string
-	for _, n := range conjuncts(st.GetWhereClause()) {
+	for _, n := range flattenAnd(st.GetWhereClause()) {
 		e := n.GetAExpr()
 		if e == nil || e.GetKind() != pg.A_Expr_Kind_AEXPR_OP || len(e.GetName()) != 1 {
 			continue
@@ -349,23 +350,8 @@ func (a *analysis) carryOf(st *pg.SelectStmt, sc *scope, r *relRef, fetch string
 			return nil
 		}
 	}
-	c.Fetch = fmt.Sprintf("%s AND %s %s $2", fetch, quoteIdent(col), op)
+	c.Fetch = fmt.Sprintf("%s AND %s %s $2", fetch, pgx.Identifier{col}.Sanitize(), op)
 	return c
-}
-
-// conjuncts lists the terms of a WHERE clause's top-level AND.
-func conjuncts(n *pg.Node) []*pg.Node {
-	if n == nil {
-		return nil
-	}
-	if b := n.GetBoolExpr(); b != nil && b.GetBoolop() == pg.BoolExprType_AND_EXPR {
-		var out []*pg.Node
-		for _, a := range b.GetArgs() {
-			out = append(out, conjuncts(a)...)
-		}
-		return out
-	}
-	return []*pg.Node{n}
 }
 
 // fetchSQL is RowSplit.Fetch for table ("schema.table"), its columns
@@ -382,14 +368,11 @@ func fetchSQL(table string, cols []string, key string) string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(quoteIdent(c))
+		b.WriteString(pgx.Identifier{c}.Sanitize())
 	}
-	fmt.Fprintf(&b, " FROM %s.%s WHERE %s = ANY($1)", quoteIdent(schema), quoteIdent(name), quoteIdent(key))
+	fmt.Fprintf(&b, " FROM %s WHERE %s = ANY($1)", pgx.Identifier{schema, name}.Sanitize(), pgx.Identifier{key}.Sanitize())
 	return b.String()
 }
-
-// quoteIdent quotes an identifier as PostgreSQL reads it back.
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // plainColumns reports whether every column reference in n names a
 // column the analysis knows of one of sc's tables.
