@@ -204,13 +204,16 @@ func (m *memberList) compose(fetched *Result, s *quma.RowSplit) (*Result, bool) 
 type patchPlan struct {
 	split *quma.RowSplit
 	key   []byte
-	// carried: the membership is keyed without the bound (quma.Carry),
-	// whose value for this read is bound.
-	carried  bool
+	// bound is the read's bound when the membership is carried (keyed
+	// without it, quma.Carry); none otherwise.
 	bound    bound
 	boundArg any // the bound's parameter as the read has it
 	members  *memberList
 }
+
+// carried reports whether the membership is carried (keyed without the
+// bound).
+func (p *patchPlan) carried() bool { return p.bound.kind != boundNone }
 
 // planPatch makes the plan of a read of tpl (sql with args, in scope),
 // the membership looked up; nil when the read cannot be patched.
@@ -222,10 +225,10 @@ func (t *ROTx) planPatch(ctx context.Context, tpl *quma.Template, scope, sql str
 	p := &patchPlan{split: s}
 	if c := s.Carry; c != nil && c.Param <= len(args) && (c.Offset == 0 || c.Offset <= len(args) && isZero(args[c.Offset-1])) {
 		p.boundArg = args[c.Param-1]
-		p.bound, p.carried = boundOf(p.boundArg)
+		p.bound, _ = boundOf(p.boundArg) // none when it is not one
 	}
 	var err error
-	if p.carried {
+	if p.carried() {
 		rest := append(append([]any(nil), args[:p.split.Carry.Param-1]...), args[p.split.Carry.Param:]...)
 		p.key, err = t.c.key(scope+"\nmembership carried", sql, rest)
 	} else {
@@ -234,10 +237,9 @@ func (t *ROTx) planPatch(ctx context.Context, tpl *quma.Template, scope, sql str
 	if err != nil {
 		return nil // keyed as the result was: not expected
 	}
-	m := t.lookupMembers(ctx, p.key, tpl.ID)
-	if m != nil && (!p.carried || m.bound.atMost(p.bound)) {
-		p.members = m
-	}
+	p.members = t.lookupMembers(ctx, p.key, tpl.ID, func(m *memberList) bool {
+		return !p.carried() || m.bound.atMost(p.bound)
+	})
 	return p
 }
 
@@ -250,7 +252,7 @@ func isZero(a any) bool {
 // load is the statement that reads the membership's rows again, and its
 // arguments: the keys, and a carried membership's bound.
 func (p *patchPlan) load() (string, []any) {
-	if p.carried && !carryIgnoresBoundForTest {
+	if p.carried() && !carryIgnoresBoundForTest {
 		return p.split.Carry.Fetch, []any{p.members.keys, p.boundArg}
 	}
 	return p.split.Fetch, []any{p.members.keys}
@@ -259,23 +261,23 @@ func (p *patchPlan) load() (string, []any) {
 // outcome is larder_client_row_patches_total's outcome of a patch made:
 // carried (from a lower bound) or patched.
 func (p *patchPlan) outcome() string {
-	if p.carried && p.members.bound.v < p.bound.v {
+	if p.carried() && p.members.bound.v < p.bound.v {
 		return "carried"
 	}
 	return "patched"
 }
 
 // lookupMembers looks for the membership under mkey in the L1, valid at a
-// snapshot the transaction can still choose; found, the transaction's
-// candidates are narrowed to it.
-func (t *ROTx) lookupMembers(ctx context.Context, mkey []byte, tplID string) *memberList {
+// snapshot the transaction can still choose, that usable accepts; found,
+// the transaction's candidates are narrowed to it.
+func (t *ROTx) lookupMembers(ctx context.Context, mkey []byte, tplID string, usable func(*memberList) bool) *memberList {
 	tmin, tmax := t.Range()
 	r, err := t.c.l1Lookup(ctx, mkey, tmin, tmax, tplID)
 	if err != nil || r.Miss != store.Hit {
 		return nil
 	}
 	m, err := decodeMembers(r.Value)
-	if err != nil {
+	if err != nil || !usable(m) {
 		return nil
 	}
 	if !t.narrow(r.Lo, r.Hi) {
@@ -294,10 +296,7 @@ func (t *ROTx) putMembers(ctx context.Context, p *patchPlan, res *Result, groups
 	if !ok {
 		return
 	}
-	m := &memberList{fields: res.Fields, keys: keys}
-	if p.carried {
-		m.bound = p.bound
-	}
+	m := &memberList{fields: res.Fields, keys: keys, bound: p.bound}
 	deps := depsOf(groups)
 	if membersForeverForTest {
 		deps = nil
