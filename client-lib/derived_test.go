@@ -143,48 +143,26 @@ func derivedJoinRun(t *testing.T, restart, untilViolation bool) (violations, rea
 	rctx, cancel := context.WithTimeout(ctx, run)
 	defer cancel()
 	var wg sync.WaitGroup
-	var writes atomic.Int64
-	for w := 0; w < 2; w++ {
-		wg.Add(1)
-		go func(seed int64) {
-			defer wg.Done()
-			r := rand.New(rand.NewSource(seed))
-			conn, err := pgx.Connect(ctx, s.url)
-			if err != nil {
-				t.Error(err)
-				return
+	writes := startWriters(t, rctx, &wg, s.url, 2, func(ctx context.Context, r *rand.Rand, tx pgx.Tx) error {
+		switch r.Intn(3) {
+		case 0: // a transfer, rows locked in id order
+			a, b, amt := 1+r.Intn(derivedAccounts), 1+r.Intn(derivedAccounts), 1+r.Intn(10)
+			if a > b {
+				a, b, amt = b, a, -amt
 			}
-			defer conn.Close(ctx)
-			for rctx.Err() == nil {
-				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-					switch r.Intn(3) {
-					case 0: // a transfer, rows locked in id order
-						a, b, amt := 1+r.Intn(derivedAccounts), 1+r.Intn(derivedAccounts), 1+r.Intn(10)
-						if a > b {
-							a, b, amt = b, a, -amt
-						}
-						if _, err := tx.Exec(ctx, "UPDATE accts SET balance = balance - $1 WHERE id = $2", amt, a); err != nil {
-							return err
-						}
-						_, err := tx.Exec(ctx, "UPDATE accts SET balance = balance + $1 WHERE id = $2", amt, b)
-						return err
-					case 1: // an owner moves
-						_, err := tx.Exec(ctx, "UPDATE owners SET region = $1 WHERE id = $2", 1+r.Intn(derivedRegions), 1+r.Intn(derivedOwners))
-						return err
-					default: // an account changes owner
-						_, err := tx.Exec(ctx, "UPDATE accts SET owner = $1 WHERE id = $2", 1+r.Intn(derivedOwners), 1+r.Intn(derivedAccounts))
-						return err
-					}
-				})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				writes.Add(1)
-				time.Sleep(time.Duration(5+r.Intn(20)) * time.Millisecond)
+			if _, err := tx.Exec(ctx, "UPDATE accts SET balance = balance - $1 WHERE id = $2", amt, a); err != nil {
+				return err
 			}
-		}(int64(w) + 1)
-	}
+			_, err := tx.Exec(ctx, "UPDATE accts SET balance = balance + $1 WHERE id = $2", amt, b)
+			return err
+		case 1: // an owner moves
+			_, err := tx.Exec(ctx, "UPDATE owners SET region = $1 WHERE id = $2", 1+r.Intn(derivedRegions), 1+r.Intn(derivedOwners))
+			return err
+		default: // an account changes owner
+			_, err := tx.Exec(ctx, "UPDATE accts SET owner = $1 WHERE id = $2", 1+r.Intn(derivedOwners), 1+r.Intn(derivedAccounts))
+			return err
+		}
+	})
 	if restart {
 		wg.Add(1)
 		go func() {
@@ -420,4 +398,36 @@ func TestDerivedJoinThroughDatabaseSQL(t *testing.T) {
 			write("UPDATE owners SET region = 3 WHERE id = 2")
 		})
 	}
+}
+
+// startWriters starts n writers (seeds 1 to n) that run write in a
+// transaction of their own connection to url, directly on PostgreSQL, a
+// 5-25 ms pause after each, until rctx ends; wg waits for them. A failed
+// write fails the test and stops its writer. It returns the count of
+// writes made.
+func startWriters(t *testing.T, rctx context.Context, wg *sync.WaitGroup, url string, n int, write func(ctx context.Context, r *rand.Rand, tx pgx.Tx) error) *atomic.Int64 {
+	ctx := context.Background()
+	writes := new(atomic.Int64)
+	for w := 1; w <= n; w++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(seed))
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close(ctx)
+			for rctx.Err() == nil {
+				if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return write(ctx, r, tx) }); err != nil {
+					t.Error(err)
+					return
+				}
+				writes.Add(1)
+				time.Sleep(time.Duration(5+r.Intn(20)) * time.Millisecond)
+			}
+		}(int64(w))
+	}
+	return writes
 }

@@ -308,41 +308,21 @@ func patchedPagesRun(t *testing.T, untilViolation bool) (violations, reads, patc
 	rctx, cancel := context.WithTimeout(ctx, run)
 	defer cancel()
 	var wg sync.WaitGroup
-	for w := 0; w < 2; w++ {
-		wg.Add(1)
-		go func(seed int64) {
-			defer wg.Done()
-			r := rand.New(rand.NewSource(seed))
-			conn, err := pgx.Connect(ctx, s.url)
-			if err != nil {
-				t.Error(err)
-				return
+	startWriters(t, rctx, &wg, s.url, 2, func(ctx context.Context, r *rand.Rand, tx pgx.Tx) error {
+		if r.Intn(5) > 0 { // money between two of items 1-9, locked in id order
+			a, b, amt := 1+r.Intn(patchLasting), 1+r.Intn(patchLasting), 1+r.Intn(10)
+			if a > b {
+				a, b, amt = b, a, -amt
 			}
-			defer conn.Close(ctx)
-			for rctx.Err() == nil {
-				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-					if r.Intn(5) > 0 { // money between two of items 1-9, locked in id order
-						a, b, amt := 1+r.Intn(patchLasting), 1+r.Intn(patchLasting), 1+r.Intn(10)
-						if a > b {
-							a, b, amt = b, a, -amt
-						}
-						if _, err := tx.Exec(ctx, "UPDATE items SET price = price - $1 WHERE id = $2", amt, a); err != nil {
-							return err
-						}
-						_, err := tx.Exec(ctx, "UPDATE items SET price = price + $1 WHERE id = $2", amt, b)
-						return err
-					}
-					_, err := tx.Exec(ctx, "UPDATE items SET category = $1 WHERE id = $2", 1+r.Intn(patchCategories), 1+r.Intn(patchItems))
-					return err
-				})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				time.Sleep(time.Duration(5+r.Intn(20)) * time.Millisecond)
+			if _, err := tx.Exec(ctx, "UPDATE items SET price = price - $1 WHERE id = $2", amt, a); err != nil {
+				return err
 			}
-		}(int64(w) + 1)
-	}
+			_, err := tx.Exec(ctx, "UPDATE items SET price = price + $1 WHERE id = $2", amt, b)
+			return err
+		}
+		_, err := tx.Exec(ctx, "UPDATE items SET category = $1 WHERE id = $2", 1+r.Intn(patchCategories), 1+r.Intn(patchItems))
+		return err
+	})
 	var bad, n atomic.Int64
 	// One reader reads up to 2 s back, one up to 300 ms, one up to 20 ms:
 	// pins newer than most writes, where pages are ended and patched.
