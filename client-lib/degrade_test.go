@@ -804,6 +804,10 @@ func TestFreshSnapshotAfterEveryPinIsGone(t *testing.T) {
 func TestFreshReadWaitThroughDatabaseSQL(t *testing.T) {
 	s := startStack(t)
 	ctx := context.Background()
+	// Each placement takes at least 100 ms: a read that does not wait for
+	// it always runs before it, whatever the machine's speed.
+	placementDelayForTest.Store(int64(100 * time.Millisecond))
+	defer placementDelayForTest.Store(0)
 	for _, c := range []struct {
 		param    string
 		unplaced bool // reads before placement expected

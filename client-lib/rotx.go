@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -177,6 +178,9 @@ func (t *ROTx) takeNow(ctx context.Context) error {
 	go func() {
 		defer c.placements.Done()
 		defer close(p.done)
+		if d := placementDelayForTest.Load(); d > 0 {
+			time.Sleep(time.Duration(d))
+		}
 		msg, err := c.nc.RequestWithContext(vctx, invalidation.PinVerifySubject(c.cfg.Prefix), invalidation.EncodePinVerifyRequest(req))
 		if err == nil {
 			p.reply, err = invalidation.DecodePinVerifyReply(msg.Data)
@@ -198,6 +202,11 @@ func (t *ROTx) takeNow(ctx context.Context) error {
 	}()
 	return nil
 }
+
+// placementDelayForTest (nanoseconds) holds every placement that long
+// before the pincushion is asked, so that a test can tell reads that wait
+// for it from reads that do not.
+var placementDelayForTest atomic.Int64
 
 // readUncached runs a read of template tplID at a fresh snapshot that is
 // not placed (yet, or at all: a fallback), its tables held (tplID "":
