@@ -294,20 +294,30 @@ func TestPatchedPagesAddUp(t *testing.T) {
 	}
 }
 
-// patchedPagesRun runs writers and readers for 4 s (30 s, ending at the
-// first violation, when untilViolation).
+// patchedPagesRun runs writers and readers for 4 s and until a read was
+// patched and one carried, or, when untilViolation, until the first
+// violation; 30 s at most.
 func patchedPagesRun(t *testing.T, untilViolation bool) (violations, reads, patches, carried int64) {
 	s := startStackWith(t, patchDDL, patchSeed, patchPage, "SELECT name FROM items WHERE id = $1",
 		"UPDATE items SET price = price + $1 WHERE id = $2", "UPDATE items SET category = $1 WHERE id = $2")
 	c := s.client(t, 8<<20)
 	ctx := context.Background()
-	run := 4 * time.Second
-	if untilViolation {
-		run = 30 * time.Second
-	}
-	rctx, cancel := context.WithTimeout(ctx, run)
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
+	if !untilViolation {
+		// 4 s, and on until a read was patched and one carried (a
+		// machine under load may take longer to make both).
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for began := time.Now(); rctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
+				if time.Since(began) >= 4*time.Second && c.Stats().Patches.Load() > 0 && testutil.ToFloat64(c.m.rowPatches.WithLabelValues("carried")) > 0 {
+					cancel()
+				}
+			}
+		}()
+	}
 	startWriters(t, rctx, &wg, s.url, 2, func(ctx context.Context, r *rand.Rand, tx pgx.Tx) error {
 		if r.Intn(5) > 0 { // money between two of items 1-9, locked in id order
 			a, b, amt := 1+r.Intn(patchLasting), 1+r.Intn(patchLasting), 1+r.Intn(10)

@@ -24,8 +24,13 @@ const (
 	flagRows       = 1 << 0
 	flagAllColumns = 1 << 1
 	flagFlush      = 1 << 2
-	knownFlags     = flagRows | flagAllColumns | flagFlush
+	flagKeys       = 1 << 3
+	knownFlags     = flagRows | flagAllColumns | flagFlush | flagKeys
 )
+
+// MaxKeys bounds Change.Keys: a change of more rows of one group carries
+// none (a client then treats it as any change).
+const MaxKeys = 32
 
 // MaxMessageSize bounds an encoded message; NATS's default payload limit
 // is 1 MiB. A message of the invalidator that would exceed it (or the
@@ -52,6 +57,13 @@ type Change struct {
 	// Columns lists, sorted, the columns an UPDATE changed while the row
 	// stayed in the group.
 	Columns []string
+	// Keys, when not nil, are the primary keys (as text, sorted and
+	// distinct) of every row whose change of the tag's table this is: a
+	// client holding which rows a result holds (client-lib's patched
+	// results) reads those rows again instead of the query. nil: not
+	// known (a change through a referenced table, a flush, more than
+	// MaxKeys rows).
+	Keys []string
 }
 
 // Hits reports whether c invalidates a result that holds c's tag and reads
@@ -75,6 +87,11 @@ func (c *Change) Hits(reads []string, allColumns bool) bool {
 
 // Merge adds o (a change to the same tag) to c.
 func (c *Change) Merge(o Change) {
+	if c.Keys != nil && o.Keys != nil {
+		c.Keys = MergeKeys(c.Keys, o.Keys)
+	} else {
+		c.Keys = nil
+	}
 	c.Flush = c.Flush || o.Flush
 	c.Rows = c.Rows || o.Rows
 	c.AllColumns = c.AllColumns || o.AllColumns
@@ -92,6 +109,30 @@ func (c *Change) Merge(o Change) {
 		}
 	}
 	sort.Strings(c.Columns)
+}
+
+// MergeKeys returns the sorted union of two sorted key lists; nil when it
+// holds more than MaxKeys.
+func MergeKeys(a, b []string) []string {
+	out := make([]string, 0, len(a)+len(b))
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || i < len(a) && a[i] < b[j]:
+			out = append(out, a[i])
+			i++
+		case i == len(a) || b[j] < a[i]:
+			out = append(out, b[j])
+			j++
+		default:
+			out = append(out, a[i])
+			i, j = i+1, j+1
+		}
+	}
+	if len(out) > MaxKeys {
+		return nil
+	}
+	return out
 }
 
 // Txn is the invalidation message of one committed transaction, or of the
@@ -131,11 +172,20 @@ func AppendTxn(dst []byte, t *Txn) []byte {
 		if c.Flush {
 			f |= flagFlush
 		}
+		if len(c.Keys) > 0 {
+			f |= flagKeys
+		}
 		dst = append(dst, f)
 		dst = wire.AppendString(dst, c.Tag)
 		dst = binary.AppendUvarint(dst, uint64(len(c.Columns)))
 		for _, col := range c.Columns {
 			dst = wire.AppendString(dst, col)
+		}
+		if len(c.Keys) > 0 {
+			dst = binary.AppendUvarint(dst, uint64(len(c.Keys)))
+			for _, k := range c.Keys {
+				dst = wire.AppendString(dst, k)
+			}
 		}
 	}
 	return dst
@@ -218,6 +268,19 @@ func Decode(b []byte) (Message, error) {
 					d.Fail("change %d: columns not sorted and distinct", i)
 				}
 				c.Columns = append(c.Columns, col)
+			}
+			if f&flagKeys != 0 && d.Err == nil {
+				nk := d.Count("keys", 1)
+				if d.Err == nil && (nk == 0 || nk > MaxKeys) {
+					d.Fail("change %d: %d keys", i, nk)
+				}
+				for j := 0; j < nk && d.Err == nil; j++ {
+					k := d.String("key")
+					if d.Err == nil && j > 0 && k <= c.Keys[j-1] {
+						d.Fail("change %d: keys not sorted and distinct", i)
+					}
+					c.Keys = append(c.Keys, k)
+				}
 			}
 			t.Changes = append(t.Changes, c)
 		}

@@ -3,6 +3,7 @@ package invalidation
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -18,7 +19,8 @@ func sampleTxn() *Txn {
 		Changes: []Change{
 			{Tag: "public.items", Columns: []string{"max_bid", "nb_of_bids"}},
 			{Tag: "public.items(id)=42", Columns: []string{"max_bid", "nb_of_bids"}},
-			{Tag: "public.items(seller)=7", Rows: true},
+			{Tag: "public.items(seller)=7", Rows: true, Keys: []string{"42", "43"}},
+			{Tag: "public.items(category)=3", Columns: []string{"end_date"}, Keys: []string{"42"}},
 			{Tag: "public.bids", AllColumns: true},
 			{Tag: "public.old_items", Flush: true},
 		},
@@ -74,6 +76,17 @@ func TestDecodeRejects(t *testing.T) {
 	if _, err := Decode(unsorted); err == nil || !strings.Contains(err.Error(), "sorted") {
 		t.Errorf("unsorted columns: %v", err)
 	}
+	unsorted = AppendTxn(nil, &Txn{Changes: []Change{{Tag: "t", Rows: true, Keys: []string{"2", "10"}}}})
+	if _, err := Decode(unsorted); err == nil || !strings.Contains(err.Error(), "sorted") {
+		t.Errorf("unsorted keys: %v", err)
+	}
+	var many []string
+	for i := 0; i <= MaxKeys; i++ {
+		many = append(many, fmt.Sprintf("%03d", i))
+	}
+	if _, err := Decode(AppendTxn(nil, &Txn{Changes: []Change{{Tag: "t", Rows: true, Keys: many}}})); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("%d keys: %v", len(many), err)
+	}
 }
 
 func TestHits(t *testing.T) {
@@ -105,6 +118,28 @@ func TestMerge(t *testing.T) {
 	c.Merge(Change{Tag: "t", Rows: true})
 	if !c.Rows || !reflect.DeepEqual(c.Columns, []string{"a", "b", "d"}) {
 		t.Fatalf("merge: %+v", c)
+	}
+	// Keys: the union while both know theirs; unknown for good once one
+	// does not, or past MaxKeys.
+	k := Change{Tag: "t", Rows: true, Keys: []string{"2", "5"}}
+	k.Merge(Change{Tag: "t", Rows: true, Keys: []string{"1", "5"}})
+	if !reflect.DeepEqual(k.Keys, []string{"1", "2", "5"}) {
+		t.Fatalf("keys merged: %v", k.Keys)
+	}
+	k.Merge(Change{Tag: "t", Rows: true})
+	if k.Keys != nil {
+		t.Fatalf("keys merged with a change of unknown rows: %v", k.Keys)
+	}
+	k.Merge(Change{Tag: "t", Rows: true, Keys: []string{"9"}})
+	if k.Keys != nil {
+		t.Fatalf("unknown keys became known: %v", k.Keys)
+	}
+	var many, more []string
+	for i := 0; i < MaxKeys; i++ {
+		many, more = append(many, fmt.Sprintf("a%02d", i)), append(more, fmt.Sprintf("b%02d", i))
+	}
+	if got := MergeKeys(many, more); got != nil {
+		t.Fatalf("%d keys merged: want none past %d", len(got), MaxKeys)
 	}
 }
 

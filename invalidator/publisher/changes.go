@@ -29,6 +29,10 @@ type relation struct {
 	// unkeyable: tag column sets that name a column the relation lacks
 	// (logged once at load).
 	missing []string
+	// pk is the position of the table's primary key, a single column
+	// (-1: none, or not known): the changes of its rows carry their keys
+	// (invalidation.Change.Keys).
+	pk int
 	// afterDDL: a larder.ddl message named the table since this Relation
 	// message and flushed it; the next Relation message's new shape needs
 	// no flush of its own.
@@ -42,6 +46,7 @@ func newRelation(m *pglogrepl.RelationMessage, sets [][]string) *relation {
 		id:   m.RelationID,
 		name: m.Namespace + "." + m.RelationName,
 		full: m.ReplicaIdentity == 'f',
+		pk:   -1,
 	}
 	for _, c := range m.Columns {
 		r.columns = append(r.columns, c.Name)
@@ -153,6 +158,27 @@ func (r *relation) key(s int, vs []value) (vals []string, ok, null bool) {
 		vals = append(vals, v.text)
 	}
 	return vals, true, null
+}
+
+// rowKey is the primary key of row vs as Change.Keys gives it: nil when
+// the table has none (of one column) or the row's is not known.
+func (r *relation) rowKey(vs []value) []string {
+	if r.pk < 0 || r.pk >= len(vs) {
+		return nil
+	}
+	if v := vs[r.pk]; v.known && !v.null {
+		return []string{v.text}
+	}
+	return nil
+}
+
+// bothKeys is the keys of a row's old and new values (nil when either is
+// not known).
+func bothKeys(o, n []string) []string {
+	if o == nil || n == nil {
+		return nil
+	}
+	return invalidation.MergeKeys(o, n)
 }
 
 func (r *relation) keyTag(s int, vals []string) string {
@@ -268,6 +294,7 @@ func (cs *changeSet) remove(r *relation, m *pglogrepl.DeleteMessage) error {
 // rowKeys adds a Rows change for every keyed tag of a row that entered or
 // left its groups; an unknown key flushes the table.
 func (cs *changeSet) rowKeys(r *relation, vs []value) error {
+	keys := r.rowKey(vs)
 	for s := range r.sets {
 		vals, ok, null := r.key(s, vs)
 		if !ok {
@@ -275,7 +302,7 @@ func (cs *changeSet) rowKeys(r *relation, vs []value) error {
 			return nil
 		}
 		if !null {
-			cs.add(r.name, invalidation.Change{Tag: r.keyTag(s, vals), Rows: true})
+			cs.add(r.name, invalidation.Change{Tag: r.keyTag(s, vals), Rows: true, Keys: keys})
 		}
 	}
 	return nil
@@ -329,11 +356,12 @@ func (cs *changeSet) update(r *relation, m *pglogrepl.UpdateMessage) error {
 		}
 		sort.Strings(changed)
 	}
-	colChange := func(tag string) invalidation.Change {
-		return invalidation.Change{Tag: tag, AllColumns: !fullOld, Columns: changed}
+	oKeys, nKeys := r.rowKey(ov), r.rowKey(nv)
+	colChange := func(tag string, keys []string) invalidation.Change {
+		return invalidation.Change{Tag: tag, AllColumns: !fullOld, Columns: changed, Keys: keys}
 	}
 	if !fullOld || len(changed) > 0 {
-		cs.add(r.name, colChange(r.name))
+		cs.add(r.name, colChange(r.name, nil))
 	}
 	if len(cs.derived) > 0 {
 		cs.derivedChange(r, ov, nv, changed, !fullOld)
@@ -347,15 +375,15 @@ func (cs *changeSet) update(r *relation, m *pglogrepl.UpdateMessage) error {
 		}
 		if !nullOld && !nullNew && slices.Equal(oldVals, newVals) {
 			if !fullOld || len(changed) > 0 {
-				cs.add(r.name, colChange(r.keyTag(s, oldVals)))
+				cs.add(r.name, colChange(r.keyTag(s, oldVals), bothKeys(oKeys, nKeys)))
 			}
 			continue
 		}
 		if !nullOld {
-			cs.add(r.name, invalidation.Change{Tag: r.keyTag(s, oldVals), Rows: true})
+			cs.add(r.name, invalidation.Change{Tag: r.keyTag(s, oldVals), Rows: true, Keys: oKeys})
 		}
 		if !nullNew {
-			cs.add(r.name, invalidation.Change{Tag: r.keyTag(s, newVals), Rows: true})
+			cs.add(r.name, invalidation.Change{Tag: r.keyTag(s, newVals), Rows: true, Keys: nKeys})
 		}
 	}
 	return nil

@@ -324,17 +324,18 @@ func (ix *derivedIndex) changeA(cs *changeSet, r *relation, ov, nv []value, chan
 		if refs := ix.refRows[nFK]; nIn && refs != nil {
 			nTag, nOK = ix.tag(nPlain, refs)
 		}
+		oKeys, nKeys := r.rowKey(ov), r.rowKey(nv)
 		switch {
 		case oOK && nOK && oTag == nTag && ov != nil && nv != nil:
 			if allCols || len(changed) > 0 {
-				cs.add(ix.table, invalidation.Change{Tag: oTag, AllColumns: allCols, Columns: changed})
+				cs.add(ix.table, invalidation.Change{Tag: oTag, AllColumns: allCols, Columns: changed, Keys: bothKeys(oKeys, nKeys)})
 			}
 		default:
 			if oOK {
-				cs.add(ix.table, invalidation.Change{Tag: oTag, Rows: true})
+				cs.add(ix.table, invalidation.Change{Tag: oTag, Rows: true, Keys: oKeys})
 			}
 			if nOK {
-				cs.add(ix.table, invalidation.Change{Tag: nTag, Rows: true})
+				cs.add(ix.table, invalidation.Change{Tag: nTag, Rows: true, Keys: nKeys})
 			}
 		}
 	}

@@ -239,7 +239,13 @@ func (h *harness) step(stmts ...string) map[string]invalidation.Change {
 
 // describe renders changes compactly for comparisons:
 // "tag:rows", "tag:cols=a,b", "tag:all", "flush:table".
-func describe(cs map[string]invalidation.Change) string {
+func describe(cs map[string]invalidation.Change) string { return render(cs, false) }
+
+// describeKeys is describe with "[1,2]" after a change that carries the
+// keys of its rows.
+func describeKeys(cs map[string]invalidation.Change) string { return render(cs, true) }
+
+func render(cs map[string]invalidation.Change, withKeys bool) string {
 	var parts []string
 	for k, c := range cs {
 		switch {
@@ -251,6 +257,9 @@ func describe(cs map[string]invalidation.Change) string {
 			parts = append(parts, k+":all")
 		default:
 			parts = append(parts, k+":cols="+strings.Join(c.Columns, ","))
+		}
+		if withKeys && c.Keys != nil {
+			parts[len(parts)-1] += "[" + strings.Join(c.Keys, ",") + "]"
 		}
 	}
 	sort.Strings(parts)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -929,6 +930,7 @@ func (p *Publisher) relationMessage(m *pglogrepl.RelationMessage) {
 		sets = p.setsOf(name)
 	}
 	r := newRelation(m, sets)
+	r.pk = p.primaryKeyPosition(r)
 	for _, miss := range r.missing {
 		p.cfg.Log.Warn("tag column set names a column the table lacks; not published", "set", miss)
 	}
@@ -943,6 +945,24 @@ func (p *Publisher) relationMessage(m *pglogrepl.RelationMessage) {
 		p.m.flushes.WithLabelValues("schema").Inc()
 		p.cfg.Log.Info("schema change: table flushed", "table", name)
 	}
+}
+
+// primaryKeyPosition reads which of r's columns is its table's primary key
+// (one column), for the keys its changes carry; -1 when it has none, or
+// the catalogs cannot be read (the changes then carry no keys).
+func (p *Publisher) primaryKeyPosition(r *relation) int {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	if p.conn == nil {
+		return -1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	key, err := primaryKeyOf(ctx, p.conn, r.name)
+	if err != nil {
+		return -1
+	}
+	return slices.Index(r.columns, key)
 }
 
 // commit publishes the transaction's changes, one message per subject.

@@ -29,6 +29,8 @@ func itemsSets() map[string][][]string {
 	}
 }
 
+// Each change of a keyed tag carries the primary keys of its rows in
+// brackets (invalidation.Change.Keys); a table tag, none.
 func TestTagsPerChange(t *testing.T) {
 	h := newHarness(t, itemsDDL)
 	cfg := h.config()
@@ -41,33 +43,33 @@ func TestTagsPerChange(t *testing.T) {
 		want  string
 	}{
 		{"insert", []string{"INSERT INTO items VALUES (1, 5, 9, 'pen', 3)"},
-			"public.items(category)=5:rows public.items(id)=1:rows public.items:rows"},
+			"public.items(category)=5:rows[1] public.items(id)=1:rows[1] public.items:rows"},
 		{"update, keys unchanged", []string{"UPDATE items SET qty = 4 WHERE id = 1"},
-			"public.items(category)=5:cols=qty public.items(id)=1:cols=qty public.items:cols=qty"},
+			"public.items(category)=5:cols=qty[1] public.items(id)=1:cols=qty[1] public.items:cols=qty"},
 		{"update, a key changed: old and new", []string{"UPDATE items SET category = 6, name = 'ink' WHERE id = 1"},
-			"public.items(category)=5:rows public.items(category)=6:rows public.items(id)=1:cols=category,name public.items:cols=category,name"},
+			"public.items(category)=5:rows[1] public.items(category)=6:rows[1] public.items(id)=1:cols=category,name[1] public.items:cols=category,name"},
 		{"update of the primary key", []string{"UPDATE items SET id = 2 WHERE id = 1"},
-			"public.items(category)=6:cols=id public.items(id)=1:rows public.items(id)=2:rows public.items:cols=id"},
+			"public.items(category)=6:cols=id[1,2] public.items(id)=1:rows[1] public.items(id)=2:rows[2] public.items:cols=id"},
 		{"update to NULL leaves the group", []string{"UPDATE items SET category = NULL WHERE id = 2"},
-			"public.items(category)=6:rows public.items(id)=2:cols=category public.items:cols=category"},
+			"public.items(category)=6:rows[2] public.items(id)=2:cols=category[2] public.items:cols=category"},
 		{"no-op update changes nothing", []string{"UPDATE items SET qty = qty WHERE id = 2"}, ""},
 		{"delete", []string{"DELETE FROM items WHERE id = 2"},
-			"public.items(id)=2:rows public.items:rows"},
+			"public.items(id)=2:rows[2] public.items:rows"},
 		{"multi-column set: each column its own value", []string{"INSERT INTO bids VALUES (1, 7, 3, 10)"},
-			"public.bids(item_id,user_id)=(7,3):rows public.bids:rows"},
+			"public.bids(item_id,user_id)=(7,3):rows[1] public.bids:rows"},
 		{"two rows, two tables, one transaction", []string{"INSERT INTO items VALUES (3, 1, 1, 'a', 1)", "UPDATE bids SET bid = 11 WHERE id = 1"},
-			"public.bids(item_id,user_id)=(7,3):cols=bid public.bids:cols=bid public.items(category)=1:rows public.items(id)=3:rows public.items:rows"},
+			"public.bids(item_id,user_id)=(7,3):cols=bid[1] public.bids:cols=bid public.items(category)=1:rows[3] public.items(id)=3:rows[3] public.items:rows"},
 		{"identity DEFAULT: changed columns unknown", []string{"INSERT INTO users VALUES (1, 'ann', 0)", "UPDATE users SET rating = 5 WHERE id = 1"},
-			"public.users(id)=1:rows public.users:rows"},
+			"public.users(id)=1:rows[1] public.users:rows"},
 		{"identity DEFAULT update", []string{"UPDATE users SET rating = 6 WHERE id = 1"},
-			"public.users(id)=1:all public.users:all"},
+			"public.users(id)=1:all[1] public.users:all"},
 		{"identity DEFAULT delete", []string{"DELETE FROM users WHERE id = 1"},
-			"public.users(id)=1:rows public.users:rows"},
+			"public.users(id)=1:rows[1] public.users:rows"},
 		{"truncate flushes", []string{"TRUNCATE bids"},
 			"flush:public.bids public.bids:rows"},
 	}
 	for _, c := range cases {
-		got := describe(h.step(c.stmts...))
+		got := describeKeys(h.step(c.stmts...))
 		if got != c.want {
 			t.Errorf("%s:\n got %s\nwant %s", c.name, got, c.want)
 		}
