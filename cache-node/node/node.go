@@ -66,6 +66,9 @@ type PutRequest struct {
 	Deps     []store.Dep
 	Value    []byte
 	Template string // for per-template metrics; may be empty
+	// Absorbs makes the version absorb changes that name their rows
+	// (store.Version.Absorbs).
+	Absorbs bool
 }
 
 // Node applies the invalidation stream to a backend and decides the
@@ -561,7 +564,7 @@ func (n *Node) Put(ctx context.Context, req PutRequest) (err error) {
 			}
 		}
 	}
-	v := store.Version{Lo: req.Snapshot, Hi: store.Open, Snapshot: req.Snapshot, Deps: req.Deps, Value: req.Value}
+	v := store.Version{Lo: req.Snapshot, Hi: store.Open, Snapshot: req.Snapshot, Deps: req.Deps, Value: req.Value, Absorbs: req.Absorbs}
 	if unconfirmed == 0 {
 		v.Lo, v.Hi = n.intervalLocked(req.Snapshot, gs, deps)
 	} else {

@@ -77,7 +77,7 @@ func (m *Memory) Lookup(_ context.Context, key []byte, tmin, tmax, watermark uin
 		hi, open := servedHi(v.Hi, watermark, m.legacy)
 		if v.Lo <= tmax && hi > tmin && v.Lo < hi {
 			m.lru.MoveToFront(v.elem)
-			return Result{Miss: Hit, Lo: v.Lo, Hi: hi, Open: open, Snapshot: v.Snapshot, Value: v.Value}, nil
+			return Result{Miss: Hit, Lo: v.Lo, Hi: hi, Open: open, Snapshot: v.Snapshot, Value: v.Value, Absorbed: v.Absorbed}, nil
 		}
 		miss = classify(miss, v.Lo, hi, tmin, tmax)
 	}
@@ -191,7 +191,9 @@ func (m *Memory) Invalidate(_ context.Context, lsn uint64, changes []invalidatio
 			}
 			for _, d := range v.Deps {
 				if d.Tag == c.Tag && c.Hits(d.Reads, d.AllColumns) {
-					hit = append(hit, v)
+					if !m.absorb(v, c) {
+						hit = append(hit, v)
+					}
 					break
 				}
 			}
@@ -202,6 +204,29 @@ func (m *Memory) Invalidate(_ context.Context, lsn uint64, changes []invalidatio
 	}
 	m.mu.Unlock()
 	return nil
+}
+
+// absorb takes change c into an absorbing open version (Version.Absorbs):
+// false when it cannot (it names no rows, or too many), and v must end.
+func (m *Memory) absorb(v *memVersion, c *invalidation.Change) bool {
+	if !v.Absorbs || v.Hi != Open || c.Keys == nil {
+		return false
+	}
+	keys := invalidation.MergeKeys(v.Absorbed, c.Keys)
+	if keys == nil {
+		return false
+	}
+	grown := int64(0)
+	for _, k := range keys {
+		grown += int64(len(k) + 16)
+	}
+	for _, k := range v.Absorbed {
+		grown -= int64(len(k) + 16)
+	}
+	v.Absorbed = keys
+	v.size += grown
+	m.used += grown
+	return true
 }
 
 // EndOpen implements Backend: every version is visited (a gap is rare),

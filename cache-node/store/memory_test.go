@@ -1,10 +1,14 @@
 package store_test
 
 import (
+	"context"
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/cache-node/store/storetest"
+	"github.com/larderdb/larder/internal/invalidation"
 )
 
 func TestMemoryConformance(t *testing.T) {
@@ -34,4 +38,78 @@ func TestLegacyAgainstReference(t *testing.T) {
 	m := store.NewMemory(1<<30, nil)
 	store.OrderDependentForTest.Store(false)
 	storetest.Differential(t, m, &storetest.Reference{Legacy: true}, 1, 3000)
+}
+
+// An absorbing version takes in the changes that name their rows, and
+// serves their keys; a change that names none, a flush or keys past
+// invalidation.MaxKeys end it. A version that does not absorb ends at
+// the first.
+func TestMemoryAbsorbs(t *testing.T) {
+	ctx := context.Background()
+	m := store.NewMemory(1<<20, nil)
+	dep := store.Dep{Tag: "public.items(category)=1", Table: "public.items", Reads: []string{"category", "end_date", "id"}}
+	put := func(key string, absorbs bool) {
+		t.Helper()
+		if err := m.Put(ctx, []byte(key), &store.Version{Lo: 10, Hi: store.Open, Snapshot: 10, Deps: []store.Dep{dep}, Value: []byte(key), Absorbs: absorbs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := func(key string, ts uint64) store.Result {
+		t.Helper()
+		r, err := m.Lookup(ctx, []byte(key), ts, ts, store.Open)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	change := func(lsn uint64, c invalidation.Change) {
+		t.Helper()
+		c.Tag = dep.Tag
+		if err := m.Invalidate(ctx, lsn, []invalidation.Change{c}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("members", true)
+	put("plain", false)
+	change(20, invalidation.Change{Rows: true, Keys: []string{"7"}})
+	change(30, invalidation.Change{Columns: []string{"end_date"}, Keys: []string{"3", "7"}})
+	change(35, invalidation.Change{Columns: []string{"name"}}) // a column it does not read
+	if r := at("members", 40); r.Miss != store.Hit || !r.Open || !slices.Equal(r.Absorbed, []string{"3", "7"}) {
+		t.Fatalf("absorbing version after two keyed changes: %+v", r)
+	}
+	if r := at("plain", 40); r.Miss == store.Hit {
+		t.Fatalf("a version that does not absorb served after a keyed change: %+v", r)
+	}
+	if r := at("plain", 15); r.Miss != store.Hit || r.Hi != 20 {
+		t.Fatalf("a version that does not absorb ends at the first change: %+v", r)
+	}
+	change(50, invalidation.Change{Rows: true}) // rows not named
+	if r := at("members", 60); r.Miss == store.Hit {
+		t.Fatalf("absorbing version served after a change naming no rows: %+v", r)
+	}
+	if r := at("members", 45); r.Miss != store.Hit || r.Hi != 50 {
+		t.Fatalf("absorbing version before the change naming no rows: %+v", r)
+	}
+
+	put("flushed", true)
+	if err := m.Invalidate(ctx, 70, []invalidation.Change{{Tag: "public.items", Flush: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := at("flushed", 80); r.Miss == store.Hit {
+		t.Fatalf("absorbing version served after a flush: %+v", r)
+	}
+
+	put("many", true)
+	var keys []string
+	for i := 0; i < invalidation.MaxKeys; i++ {
+		keys = append(keys, fmt.Sprintf("%03d", i))
+	}
+	change(90, invalidation.Change{Rows: true, Keys: keys})
+	if r := at("many", 95); r.Miss != store.Hit || len(r.Absorbed) != invalidation.MaxKeys {
+		t.Fatalf("absorbing version after %d keys: %+v", len(keys), r)
+	}
+	change(100, invalidation.Change{Rows: true, Keys: []string{"999"}})
+	if r := at("many", 105); r.Miss == store.Hit {
+		t.Fatalf("absorbing version served past %d keys: %+v", invalidation.MaxKeys, r)
+	}
 }

@@ -31,6 +31,14 @@ type Version struct {
 	// Pending versions are not served: the node has not yet proved it
 	// knows every invalidation of their tags since Snapshot.
 	Pending bool
+	// Absorbs: a change of a dependency that names its rows
+	// (invalidation.Change.Keys) does not end the version; its keys are
+	// added to Absorbed instead (a client's membership of a result, which
+	// reads those rows again: client-lib's repaired memberships). Any
+	// other change ends it, as does a key past invalidation.MaxKeys. Only
+	// the memory backend absorbs; the others end the version.
+	Absorbs  bool
+	Absorbed []string // sorted, distinct
 }
 
 // Size is what a version costs the byte budget: its value, its tags and a
@@ -94,6 +102,9 @@ type Result struct {
 	Open     bool
 	Snapshot uint64
 	Value    []byte
+	// Absorbed are the keys of the rows whose changes an absorbing
+	// version took in (Version.Absorbs) up to now.
+	Absorbed []string
 }
 
 // Stats are a backend's counters.
