@@ -97,7 +97,7 @@ func analyzeSQL(schema *Schema, sql string, sets map[string][][]string) (t *Temp
 	t.SessionNeutral = sessionNeutral(schema, n)
 	if sel := n.GetSelectStmt(); sel != nil {
 		t.Kind = KindQuery
-		an := &analysis{schema: schema, root: n}
+		an := &analysis{schema: schema, root: n, sql: sql, numParams: t.NumParams}
 		an.selectStmt(sel, nil)
 		an.checkCacheable(n)
 		t.Writes = writesOf(schema, n) // data-modifying CTEs

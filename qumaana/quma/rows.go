@@ -75,6 +75,33 @@ type RowSplit struct {
 	// lower bound holds for a higher one too, once its rows are read
 	// again with the higher bound (see Carry).
 	Carry *Carry
+	// Repair, when set, says how a membership brought up to date by the
+	// changes of some of the table's rows is read (see Repair).
+	Repair *Repair
+}
+
+// Repair describes how a membership whose group changed only through
+// rows the invalidation names (invalidation.Change.Keys) is brought up to
+// date without the query: the statement runs on those rows and the
+// membership's, its WHERE narrowed to them by key. The query's rows at
+// the new snapshot are among them, but for rows it had left out past
+// its LIMIT: with a LIMIT, the result is the query's only when it is full
+// and its last row sorts strictly before the membership's last (every
+// row left out sorted after that one, and still does, unchanged).
+type Repair struct {
+	// SQL is the statement with "AND <ref>.<key> = ANY($KeyParam)" in its
+	// WHERE, KeyParam one past its last parameter.
+	SQL      string
+	KeyParam int
+	// Limit is the LIMIT's literal count, LimitParam its parameter
+	// (1-based); both 0 without a LIMIT.
+	Limit, LimitParam int
+	// Offset is the offset's parameter, which must be 0 at run time (0
+	// when the statement has none, or a literal 0).
+	Offset int
+	// SortOutput is the output holding the statement's one ORDER BY
+	// column, ascending (-1 without a LIMIT).
+	SortOutput int
 }
 
 // Carry describes a query whose rows start at a lower bound given as a
@@ -261,6 +288,14 @@ func (a *analysis) splitRows(st *pg.SelectStmt, sc *scope) {
 		}
 		if s.Fetch != "" {
 			s.Carry = a.carryOf(st, sc, r, s.Fetch)
+			s.Repair = a.repairOf(st, sc, r, key.Name, func(rel *relRef, col string) int {
+				for i, o := range outputs {
+					if o.rel == rel && o.col == col {
+						return i
+					}
+				}
+				return -1
+			})
 		}
 		reads := r.reads
 		if r.all {
@@ -352,6 +387,88 @@ func (a *analysis) carryOf(st *pg.SelectStmt, sc *scope, r *relRef, fetch string
 	}
 	c.Fetch = fmt.Sprintf("%s AND %s %s $2", fetch, pgx.Identifier{col}.Sanitize(), op)
 	return c
+}
+
+// repairOf returns the Repair of the split of r in st (key: r's primary
+// key; outputAt: the output holding a column of a reference, or -1), or
+// nil: a LIMIT must be a literal or a parameter, without WITH TIES, and
+// come with one ORDER BY column of r that is an output, ascending; an
+// offset must be absent, a literal 0 or a parameter.
+func (a *analysis) repairOf(st *pg.SelectStmt, sc *scope, r *relRef, key string, outputAt func(*relRef, string) int) *Repair {
+	if a.sql == "" || st.GetOp() != pg.SetOperation_SETOP_NONE || st.GetLimitOption() == pg.LimitOption_LIMIT_OPTION_WITH_TIES {
+		return nil
+	}
+	rp := &Repair{SortOutput: -1}
+	if lc := st.GetLimitCount(); lc != nil {
+		switch {
+		case lc.GetParamRef() != nil:
+			rp.LimitParam = int(lc.GetParamRef().GetNumber())
+		case lc.GetAConst() != nil && lc.GetAConst().GetIval() != nil && lc.GetAConst().GetIval().GetIval() > 0:
+			rp.Limit = int(lc.GetAConst().GetIval().GetIval())
+		default:
+			return nil // LIMIT ALL, NULL, an expression
+		}
+		sorts := st.GetSortClause()
+		if len(sorts) != 1 {
+			return nil
+		}
+		sb := sorts[0].GetSortBy()
+		cr := sb.GetNode().GetColumnRef()
+		if cr == nil || len(sb.GetUseOp()) > 0 || sb.GetSortbyNulls() != pg.SortByNulls_SORTBY_NULLS_DEFAULT ||
+			(sb.GetSortbyDir() != pg.SortByDir_SORTBY_DEFAULT && sb.GetSortbyDir() != pg.SortByDir_SORTBY_ASC) {
+			return nil
+		}
+		rel, name := a.outputColumn(cr, sc)
+		if rel != r {
+			return nil
+		}
+		if rp.SortOutput = outputAt(rel, name); rp.SortOutput < 0 {
+			return nil
+		}
+	}
+	if off := st.GetLimitOffset(); off != nil {
+		switch {
+		case off.GetParamRef() != nil:
+			rp.Offset = int(off.GetParamRef().GetNumber())
+		case off.GetAConst() != nil && off.GetAConst().GetIval() != nil && off.GetAConst().GetIval().GetIval() == 0:
+		default:
+			return nil
+		}
+	}
+	rp.KeyParam = a.numParams + 1
+	if rp.SQL = repairSQL(a.sql, r.alias, key, rp.KeyParam); rp.SQL == "" {
+		return nil
+	}
+	return rp
+}
+
+// repairSQL returns sql (one SELECT) with "AND ref.key = ANY($param)" in
+// its top WHERE, deparsed; "" when it cannot be rewritten.
+func repairSQL(sql, ref, key string, param int) string {
+	res, err := pg.Parse(sql)
+	if err != nil || len(res.GetStmts()) != 1 {
+		return ""
+	}
+	sel := res.GetStmts()[0].GetStmt().GetSelectStmt()
+	if sel == nil || sel.GetOp() != pg.SetOperation_SETOP_NONE {
+		return ""
+	}
+	byKey := pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP_ANY, []*pg.Node{pg.MakeStrNode("=")},
+		pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(ref), pg.MakeStrNode(key)}, -1),
+		pg.MakeParamRefNode(int32(param), -1), -1)
+	switch w := sel.GetWhereClause(); {
+	case w == nil:
+		sel.WhereClause = byKey
+	case w.GetBoolExpr() != nil && w.GetBoolExpr().GetBoolop() == pg.BoolExprType_AND_EXPR:
+		w.GetBoolExpr().Args = append(w.GetBoolExpr().Args, byKey)
+	default:
+		sel.WhereClause = pg.MakeBoolExprNode(pg.BoolExprType_AND_EXPR, []*pg.Node{w, byKey}, -1)
+	}
+	out, err := pg.Deparse(res)
+	if err != nil {
+		return ""
+	}
+	return out
 }
 
 // fetchSQL is RowSplit.Fetch for table ("schema.table"), its columns

@@ -139,6 +139,10 @@ type analysis struct {
 	// (ORDER BY and GROUP BY may name them); nil until first needed.
 	root        proto.Message
 	outputNames map[string]bool
+	// sql and numParams are the statement's text and its highest
+	// parameter (RowSplit.Repair rewrites the text).
+	sql       string
+	numParams int
 }
 
 // isOutputName reports whether name is a select-list alias of the
