@@ -4,10 +4,15 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/larderdb/larder/cache-node/node"
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/wire"
 	"github.com/larderdb/larder/qumaana/quma"
@@ -29,6 +34,21 @@ import (
 // that snapshot, so the patched result is the query's result there (ties
 // in the ordering aside, which PostgreSQL breaks arbitrarily at any
 // snapshot); it is cached as a miss's result would be.
+//
+// Repaired memberships. A membership ends when a row enters or leaves
+// its group, or changes a column that orders it: in RUBiS every new item
+// and every item sold out ends its category's and region's pages, a few
+// times a second each, and the search ran again. When the template can
+// be repaired (quma.Repair), the L1 keeps the membership open across
+// changes that name their rows (invalidation.Change.Keys): the keys of
+// those rows are absorbed into it (store.Version.Absorbs). A read that
+// finds it with absorbed keys runs the statement on the membership's rows
+// and the absorbed ones only, by key (Repair.SQL): every row the query
+// holds at the snapshot is among them, but for rows it left out past its
+// LIMIT, which sort after the membership's last row (and, unchanged,
+// still do). So with a LIMIT the repaired result is taken only when it is
+// full and its last row sorts no later than the membership's last;
+// otherwise the query runs.
 
 // memberList is a split result's membership: its columns and its rows'
 // keys in order.
@@ -38,8 +58,15 @@ type memberList struct {
 	// bound is the lower bound it was computed for, when it is kept to be
 	// carried (quma.Carry); none otherwise.
 	bound bound
+	// full: the result held as many rows as its LIMIT (quma.Repair), and
+	// last is the sort key of its last row (none when not known).
+	full bool
+	last bound
 	// lo, hi: the timestamps it holds at, as the lookup served it.
 	lo, hi uint64
+	// absorbed are the keys of the rows that changed since it was
+	// computed (store.Result.Absorbed): it must be repaired.
+	absorbed []int64
 }
 
 // bound is the value of a carried lower bound (quma.Carry): an integer,
@@ -87,16 +114,42 @@ func (b bound) atMost(c bound) bool {
 	return b.kind == c.kind && b.kind != boundNone && b.zone == c.zone && b.v <= c.v
 }
 
+// sortTypes decodes sort keys (boundAt); guarded by sortTypesMu.
+var (
+	sortTypesMu sync.Mutex
+	sortTypes   = pgtype.NewMap()
+)
+
+// boundAt reads the value of column col of row as a bound (an integer or
+// a time); false for a NULL or another type.
+func (r *Result) boundAt(row, col int) (bound, bool) {
+	if row < 0 || row >= len(r.Rows) || col < 0 || col >= len(r.Fields) || col >= len(r.Rows[row]) || r.Rows[row][col] == nil {
+		return bound{}, false
+	}
+	f := r.Fields[col]
+	sortTypesMu.Lock()
+	defer sortTypesMu.Unlock()
+	typ, ok := sortTypes.TypeForOID(f.DataTypeOID)
+	if !ok {
+		return bound{}, false
+	}
+	v, err := typ.Codec.DecodeValue(sortTypes, f.DataTypeOID, f.Format, r.Rows[row][col])
+	if err != nil {
+		return bound{}, false
+	}
+	return boundOf(v)
+}
+
 // holds reports whether the membership holds at timestamp ts.
 func (m *memberList) holds(ts uint64) bool { return m.lo <= ts && ts < m.hi }
 
 // membersVersion is the first byte of an encoded memberList.
-const membersVersion = 1
+const membersVersion = 2
 
 // encodeMembers encodes a membership: version, the columns (a Result
 // without rows, encoded), the number of keys, each key (a varint), then
 // the bound: its kind (a byte), and for a kind other than none its value
-// and zone (varints).
+// and zone (varints); then full (a byte, 0 or 1) and last, as the bound.
 func encodeMembers(m *memberList) []byte {
 	head := (&Result{Fields: m.fields}).encode(nil)
 	dst := make([]byte, 0, 1+binary.MaxVarintLen64*(4+len(m.keys))+len(head))
@@ -106,12 +159,33 @@ func encodeMembers(m *memberList) []byte {
 	for _, k := range m.keys {
 		dst = binary.AppendVarint(dst, k)
 	}
-	dst = append(dst, byte(m.bound.kind))
-	if m.bound.kind != boundNone {
-		dst = binary.AppendVarint(dst, m.bound.v)
-		dst = binary.AppendVarint(dst, m.bound.zone)
+	dst = appendBound(dst, m.bound)
+	full := byte(0)
+	if m.full {
+		full = 1
+	}
+	dst = append(dst, full)
+	return appendBound(dst, m.last)
+}
+
+func appendBound(dst []byte, b bound) []byte {
+	dst = append(dst, byte(b.kind))
+	if b.kind != boundNone {
+		dst = binary.AppendVarint(dst, b.v)
+		dst = binary.AppendVarint(dst, b.zone)
 	}
 	return dst
+}
+
+func decodeBound(d *wire.Decoder) bound {
+	switch k := boundKind(d.Byte("bound kind")); {
+	case d.Err != nil, k == boundNone:
+	case k == boundInt || k == boundTime:
+		return bound{kind: k, v: d.Varint("bound"), zone: d.Varint("bound zone")}
+	default:
+		d.Fail("bound of unknown kind %d", k)
+	}
+	return bound{}
 }
 
 // decodeMembers decodes encodeMembers' encoding.
@@ -136,13 +210,15 @@ func decodeMembers(b []byte) (*memberList, error) {
 	for i := 0; i < nk && d.Err == nil; i++ {
 		m.keys = append(m.keys, d.Varint("key"))
 	}
-	switch k := boundKind(d.Byte("bound kind")); {
-	case d.Err != nil, k == boundNone:
-	case k == boundInt || k == boundTime:
-		m.bound = bound{kind: k, v: d.Varint("bound"), zone: d.Varint("bound zone")}
+	m.bound = decodeBound(&d)
+	switch full := d.Byte("full"); {
+	case d.Err != nil:
+	case full <= 1:
+		m.full = full == 1
 	default:
-		d.Fail("bound of unknown kind %d", k)
+		d.Fail("full %d", full)
 	}
+	m.last = decodeBound(&d)
 	if err := d.End(); err != nil {
 		return nil, err
 	}
@@ -209,6 +285,11 @@ type patchPlan struct {
 	bound    bound
 	boundArg any // the bound's parameter as the read has it
 	members  *memberList
+	// repair: the membership absorbed changes and is repaired (its rows
+	// and the changed ones read with Repair.SQL, appended to args as
+	// keys) rather than patched.
+	repair bool
+	args   []any
 }
 
 // carried reports whether the membership is carried (keyed without the
@@ -222,7 +303,7 @@ func (t *ROTx) planPatch(ctx context.Context, tpl *quma.Template, scope, sql str
 	if s == nil {
 		return nil
 	}
-	p := &patchPlan{split: s}
+	p := &patchPlan{split: s, args: args}
 	if c := s.Carry; c != nil && c.Param <= len(args) && (c.Offset == 0 || c.Offset <= len(args) && isZero(args[c.Offset-1])) {
 		p.boundArg = args[c.Param-1]
 		p.bound, _ = boundOf(p.boundArg) // none when it is not one
@@ -238,9 +319,64 @@ func (t *ROTx) planPatch(ctx context.Context, tpl *quma.Template, scope, sql str
 		return nil // keyed as the result was: not expected
 	}
 	p.members = t.lookupMembers(ctx, p.key, tpl.ID, func(m *memberList) bool {
-		return !p.carried() || m.bound.atMost(p.bound)
+		if p.carried() && !m.bound.atMost(p.bound) {
+			return false
+		}
+		// A membership that absorbed changes is of use only repaired.
+		return len(m.absorbed) == 0 || p.repairable(m)
 	})
+	p.repair = p.members != nil && len(p.members.absorbed) > 0
 	return p
+}
+
+// repairable reports whether membership m, which absorbed changes, can be
+// repaired for the read: the template has a Repair, the read's offset is
+// 0, and a full result's last sort key is known.
+func (p *patchPlan) repairable(m *memberList) bool {
+	r := p.split.Repair
+	if r == nil || len(p.args)+1 != r.KeyParam {
+		return false
+	}
+	if r.Offset > 0 && (r.Offset > len(p.args) || !isZero(p.args[r.Offset-1])) {
+		return false
+	}
+	return !m.full || m.last.kind != boundNone
+}
+
+// limit is the read's LIMIT (quma.Repair): 0 when it has none or it is
+// not an integer.
+func (p *patchPlan) limit() int64 {
+	r := p.split.Repair
+	if r == nil {
+		return 0
+	}
+	if r.LimitParam > 0 && r.LimitParam <= len(p.args) {
+		b, ok := boundOf(p.args[r.LimitParam-1])
+		if !ok || b.kind != boundInt {
+			return 0
+		}
+		return b.v
+	}
+	return int64(r.Limit)
+}
+
+// repaired checks the result of a repair (Repair.SQL on the membership's
+// rows and the absorbed ones): it is the query's when the membership was
+// not full (it held every row the query matched), or when it is full too
+// and its last row sorts no later than the membership's last (a row left
+// out sorts no earlier than that: at most a tie, which PostgreSQL breaks
+// arbitrarily too).
+func (p *patchPlan) repaired(res *Result) bool {
+	m := p.members
+	if !m.full {
+		return true
+	}
+	n := p.limit()
+	if n <= 0 || int64(len(res.Rows)) != n {
+		return false
+	}
+	last, ok := res.boundAt(len(res.Rows)-1, p.split.Repair.SortOutput)
+	return ok && last.atMost(m.last)
 }
 
 // isZero reports whether an offset parameter is the integer 0.
@@ -252,6 +388,13 @@ func isZero(a any) bool {
 // load is the statement that reads the membership's rows again, and its
 // arguments: the keys, and a carried membership's bound.
 func (p *patchPlan) load() (string, []any) {
+	if p.repair {
+		keys := p.members.keys
+		if !repairIgnoresAbsorbedForTest {
+			keys = mergeInts(keys, p.members.absorbed)
+		}
+		return p.split.Repair.SQL, append(append([]any(nil), p.args...), keys)
+	}
 	if p.carried() && !carryIgnoresBoundForTest {
 		return p.split.Carry.Fetch, []any{p.members.keys, p.boundArg}
 	}
@@ -261,6 +404,9 @@ func (p *patchPlan) load() (string, []any) {
 // outcome is larder_client_row_patches_total's outcome of a patch made:
 // carried (from a lower bound) or patched.
 func (p *patchPlan) outcome() string {
+	if p.repair {
+		return "repaired"
+	}
 	if p.carried() && p.members.bound.v < p.bound.v {
 		return "carried"
 	}
@@ -277,7 +423,17 @@ func (t *ROTx) lookupMembers(ctx context.Context, mkey []byte, tplID string, usa
 		return nil
 	}
 	m, err := decodeMembers(r.Value)
-	if err != nil || !usable(m) {
+	if err != nil {
+		return nil
+	}
+	for _, k := range r.Absorbed {
+		n, err := strconv.ParseInt(k, 10, 64)
+		if err != nil {
+			return nil // not an integer key: of no use
+		}
+		m.absorbed = append(m.absorbed, n)
+	}
+	if !usable(m) {
 		return nil
 	}
 	if !t.narrow(r.Lo, r.Hi) {
@@ -297,17 +453,41 @@ func (t *ROTx) putMembers(ctx context.Context, p *patchPlan, res *Result, groups
 		return
 	}
 	m := &memberList{fields: res.Fields, keys: keys, bound: p.bound}
+	absorbs := false
+	if r := p.split.Repair; r != nil {
+		// Kept open across changes that name their rows, to be
+		// repaired; with a LIMIT, its last sort key known when full.
+		absorbs = true
+		if n := p.limit(); r.Limit > 0 || r.LimitParam > 0 {
+			m.full = n <= 0 || int64(len(keys)) >= n
+			if m.full && len(keys) > 0 {
+				m.last, _ = res.boundAt(len(keys)-1, r.SortOutput)
+			}
+		}
+	}
 	deps := depsOf(groups)
 	if membersForeverForTest {
 		deps = nil
 	}
-	t.c.l1Put(ctx, p.key, t.ts, deps, encodeMembers(m), tplID)
+	_ = t.c.near.Put(ctx, node.PutRequest{Key: p.key, Snapshot: t.ts, Deps: deps, Value: encodeMembers(m), Template: tplID, Absorbs: absorbs})
+}
+
+// mergeInts returns the sorted union of a and b.
+func mergeInts(a, b []int64) []int64 {
+	out := append(append([]int64(nil), a...), b...)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // carryIgnoresBoundForTest breaks the client on purpose (a membership
 // carried to a higher bound has its rows read again without it) so that
 // a test can show that its check notices.
 var carryIgnoresBoundForTest bool
+
+// repairIgnoresAbsorbedForTest breaks the client on purpose (a repair
+// reads the membership's rows only, not those that changed) so that a
+// test can show that its check notices.
+var repairIgnoresAbsorbedForTest bool
 
 // membersForeverForTest breaks the client on purpose (memberships are
 // kept with no tags: nothing ends them) so that a test can show that its

@@ -33,12 +33,14 @@ func TestMembersEncoding(t *testing.T) {
 		{fields: fields, keys: []int64{4}},
 		{fields: fields, keys: []int64{4, -9, 4, 1 << 40}, bound: bound{kind: boundInt, v: -3}},
 		{fields: fields, keys: []int64{1}, bound: at},
+		{fields: fields, keys: []int64{1, 2}, bound: at, full: true, last: at},
+		{fields: fields, keys: []int64{1, 2}, full: true, last: bound{kind: boundInt, v: 7}},
 	} {
 		m, err := decodeMembers(encodeMembers(want))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(m.fields, want.fields) || !slices.Equal(m.keys, want.keys) || m.bound != want.bound {
+		if !slices.Equal(m.fields, want.fields) || !slices.Equal(m.keys, want.keys) || m.bound != want.bound || m.full != want.full || m.last != want.last {
 			t.Errorf("round trip %d: %+v, want %+v", i, m, want)
 		}
 	}
@@ -49,6 +51,7 @@ func TestMembersEncoding(t *testing.T) {
 		"truncated":     good[:len(good)-1],
 		"trailing":      append(slices.Clone(good), 0),
 		"bound kind":    append(slices.Clone(good[:len(good)-1]), 7, 0, 0),
+		"full":          append(slices.Clone(good[:len(good)-2]), 2, 0),
 		"bound value":   append(slices.Clone(good[:len(good)-1]), byte(boundInt), 2),
 		"columns":       {membersVersion, 5, 1, 2},
 		"rows in head":  append([]byte{membersVersion}, appendLen((&Result{Fields: fields[:1], Rows: [][][]byte{{nil}}}).encode(nil))...),

@@ -856,6 +856,9 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		flightKey := fmt.Sprintf("%x@%d", key, t.ts)
 		if members != nil {
 			flightKey = "rows of " + flightKey
+			if patch.repair {
+				flightKey = "repair of " + flightKey
+			}
 		}
 		v, err, shared = t.c.flight.Do(flightKey, func() (any, error) {
 			return t.onDB(ctx, loadSQL, loadArgs)
@@ -870,14 +873,18 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	}
 	res := v.(*Result)
 	if members != nil {
-		patched, ok := members.compose(res, patch.split)
+		patched, ok := res, patch.repaired(res)
+		if !patch.repair {
+			patched, ok = members.compose(res, patch.split)
+		}
 		if ok {
 			t.c.m.rowPatches.WithLabelValues(patch.outcome()).Inc()
 			t.c.stats.Patches.Add(1)
 			res, source = patched, "patched"
 		} else {
 			// The rows read are not the membership's (a column's type
-			// or format changed, a row is missing): the query runs.
+			// or format changed, a row is missing), or a repair may
+			// have missed a row past the LIMIT: the query runs.
 			t.c.m.rowPatches.WithLabelValues("refused").Inc()
 			if res, err = t.atSnapshot(ctx, runSQL, runArgs, tables); err != nil {
 				return nil, err
@@ -912,7 +919,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	deps := depsOf(qtags)
 	if t.c.l1 != nil {
 		t.c.l1Put(ctx, key, t.ts, deps, value, tpl.ID)
-		if patch != nil && isSplit && members == nil {
+		if patch != nil && isSplit && (members == nil || patch.repair) {
 			// Its group tags come first (quma.Template.SplitRows).
 			t.putMembers(ctx, patch, res, qtags[:groups], tpl.ID)
 		}

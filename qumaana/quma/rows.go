@@ -86,8 +86,8 @@ type RowSplit struct {
 // membership's, its WHERE narrowed to them by key. The query's rows at
 // the new snapshot are among them, but for rows it had left out past
 // its LIMIT: with a LIMIT, the result is the query's only when it is full
-// and its last row sorts strictly before the membership's last (every
-// row left out sorted after that one, and still does, unchanged).
+// and its last row sorts no later than the membership's last (every row
+// left out sorted no earlier than that one, and still does, unchanged).
 type Repair struct {
 	// SQL is the statement with "AND <ref>.<key> = ANY($KeyParam)" in its
 	// WHERE, KeyParam one past its last parameter.
