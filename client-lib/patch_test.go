@@ -155,23 +155,10 @@ func TestPatchedSearchPageThroughDatabaseSQL(t *testing.T) {
 	// The read by key gives items its tag column set on id, which a
 	// split needs.
 	s := startStackWith(t, searchDDL, searchSeed, searchPage, "SELECT name FROM items WHERE id = $1")
-	s.client(t, 0) // waits for pins
 	ctx := context.Background()
-	dsn := s.dsn("larder.l1=8MiB")
-	db := openDB(t, DriverName, dsn)
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	dsn, conn, write := l1Session(t, s)
 	type item = searchItem
 	read := func() []item { t.Helper(); return readSearchPage(t, ctx, conn) }
-	write := func(sql string) {
-		t.Helper()
-		if _, err := conn.ExecContext(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
 	expect := func(what string, want ...item) {
 		t.Helper()
 		if got := read(); !slices.Equal(got, want) {
@@ -375,6 +362,27 @@ func patchedPagesRun(t *testing.T, untilViolation bool) (violations, reads, patc
 	}
 	wg.Wait()
 	return bad.Load(), n.Load(), c.Stats().Patches.Load(), int64(testutil.ToFloat64(c.m.rowPatches.WithLabelValues("carried")))
+}
+
+// l1Session opens, once the stack places pins, a *sql.Conn of the driver
+// with an 8 MiB L1 (closed with the test), and returns its DSN, it and a
+// write on it that fails the test when it fails.
+func l1Session(t *testing.T, s *stack) (string, *sql.Conn, func(sql string)) {
+	t.Helper()
+	s.client(t, 0) // waits for pins
+	ctx := context.Background()
+	dsn := s.dsn("larder.l1=8MiB")
+	conn, err := openDB(t, DriverName, dsn).Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return dsn, conn, func(sql string) {
+		t.Helper()
+		if _, err := conn.ExecContext(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // readPages reads every category's page from bound in one read-only

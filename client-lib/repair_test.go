@@ -36,15 +36,8 @@ ALTER TABLE items REPLICA IDENTITY FULL`
 // writes its next read-only transaction sees.
 func TestRepairedPageThroughDatabaseSQL(t *testing.T) {
 	s := startStackWith(t, repairDDL, repairSeed, repairPage, "SELECT name FROM items WHERE id = $1")
-	s.client(t, 0) // waits for pins
 	ctx := context.Background()
-	dsn := s.dsn("larder.l1=8MiB")
-	db := openDB(t, DriverName, dsn)
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	dsn, conn, write := l1Session(t, s)
 	read := func() []int {
 		t.Helper()
 		tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
@@ -71,12 +64,6 @@ func TestRepairedPageThroughDatabaseSQL(t *testing.T) {
 			t.Fatal(err)
 		}
 		return ids
-	}
-	write := func(sql string) {
-		t.Helper()
-		if _, err := conn.ExecContext(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
 	}
 	expect := func(what string, want ...int) {
 		t.Helper()
