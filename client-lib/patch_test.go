@@ -457,16 +457,19 @@ func TestCarriedPageThroughDatabaseSQL(t *testing.T) {
 	for i, deadline := 0, time.Now().Add(30*time.Second); ; i++ {
 		expect("from 0", 0, 12, 3, 6, 9)
 		expect("from 90 minutes", 90*time.Minute+time.Duration(i)*time.Second, 12, 3, 6, 9)
+		// (The read from 0 may be patched: at a pin older than its
+		// result's interval, which its membership's, on fewer tags, may
+		// reach.)
 		got := outcomes(cl)
-		if got == before {
+		if got[1] == before[1] {
 			if time.Now().After(deadline) {
 				t.Fatal("no read carried in 30 s")
 			}
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
-		if got != [3]float64{before[0], before[1] + 1, before[2]} {
-			t.Fatalf("patched / carried / refused %v, then %v: want one more carried", before, got)
+		if got[1] != before[1]+1 || got[2] != before[2] {
+			t.Fatalf("patched / carried / refused %v, then %v: want one more carried, none refused", before, got)
 		}
 		break
 	}

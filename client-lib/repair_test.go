@@ -103,8 +103,6 @@ func TestRepairedPageThroughDatabaseSQL(t *testing.T) {
 			break
 		}
 	}
-	refused := outcome("refused")
-
 	// Item 5 moves to the front: repaired, at once right.
 	write("UPDATE items SET end_date = '2030-01-01 00:30:00+00' WHERE id = 5")
 	if !until("after item 5 moved to the front", "repaired", 30*time.Second, 5, 1, 2) {
@@ -113,6 +111,7 @@ func TestRepairedPageThroughDatabaseSQL(t *testing.T) {
 
 	// Item 1 leaves: item 3, past the LIMIT, enters. The repair reads 5
 	// and 2 only, and is refused: the search runs.
+	refused := outcome("refused")
 	write("UPDATE items SET category = 2 WHERE id = 1")
 	if !until("after item 1 left the category", "refused", 30*time.Second, 5, 2, 3) {
 		t.Fatal("item 1 left the category: no repair refused in 30 s")
