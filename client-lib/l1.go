@@ -64,9 +64,10 @@ func (c *Client) l1Lookup(ctx context.Context, key []byte, tmin, tmax uint64, te
 
 // l1Put puts a result the client computed at snapshot into the L1: the
 // L1's node gives it its interval, open-ended until an invalidation of
-// one of deps.
-func (c *Client) l1Put(ctx context.Context, key []byte, snapshot uint64, deps []store.Dep, value []byte, template string) {
-	_ = c.near.Put(ctx, node.PutRequest{Key: key, Snapshot: snapshot, Deps: deps, Value: value, Template: template})
+// one of deps (absorbs: one that does not name its rows,
+// store.Version.Absorbs).
+func (c *Client) l1Put(ctx context.Context, key []byte, snapshot uint64, deps []store.Dep, value []byte, template string, absorbs bool) {
+	_ = c.near.Put(ctx, node.PutRequest{Key: key, Snapshot: snapshot, Deps: deps, Value: value, Template: template, Absorbs: absorbs})
 }
 
 // l1Keep keeps a version valid in [lo, hi), proved elsewhere (a

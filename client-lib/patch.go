@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/larderdb/larder/cache-node/node"
 	"github.com/larderdb/larder/cache-node/store"
 	"github.com/larderdb/larder/internal/wire"
 	"github.com/larderdb/larder/qumaana/quma"
@@ -469,7 +468,7 @@ func (t *ROTx) putMembers(ctx context.Context, p *patchPlan, res *Result, groups
 	if membersForeverForTest {
 		deps = nil
 	}
-	_ = t.c.near.Put(ctx, node.PutRequest{Key: p.key, Snapshot: t.ts, Deps: deps, Value: encodeMembers(m), Template: tplID, Absorbs: absorbs})
+	t.c.l1Put(ctx, p.key, t.ts, deps, encodeMembers(m), tplID, absorbs)
 }
 
 // mergeInts returns the sorted union of a and b.

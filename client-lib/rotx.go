@@ -873,8 +873,11 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	}
 	res := v.(*Result)
 	if members != nil {
-		patched, ok := res, patch.repaired(res)
-		if !patch.repair {
+		var patched *Result
+		var ok bool
+		if patch.repair {
+			patched, ok = res, patch.repaired(res)
+		} else {
 			patched, ok = members.compose(res, patch.split)
 		}
 		if ok {
@@ -918,7 +921,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	}
 	deps := depsOf(qtags)
 	if t.c.l1 != nil {
-		t.c.l1Put(ctx, key, t.ts, deps, value, tpl.ID)
+		t.c.l1Put(ctx, key, t.ts, deps, value, tpl.ID, false)
 		if patch != nil && isSplit && (members == nil || patch.repair) {
 			// Its group tags come first (quma.Template.SplitRows).
 			t.putMembers(ctx, patch, res, qtags[:groups], tpl.ID)
@@ -949,7 +952,7 @@ func (t *ROTx) keepNodeHit(ctx context.Context, k *keying, key []byte, tplID str
 		t.c.l1Keep(ctx, key, r.Lo, r.Hi, r.Snapshot, r.Value)
 		return
 	}
-	t.c.l1Put(ctx, key, r.Snapshot, depsOf(tags), r.Value, tplID)
+	t.c.l1Put(ctx, key, r.Snapshot, depsOf(tags), r.Value, tplID, false)
 }
 
 // depsOf are a result's tags as a store's dependencies.

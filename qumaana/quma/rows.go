@@ -376,17 +376,28 @@ func (a *analysis) carryOf(st *pg.SelectStmt, sc *scope, r *relRef, fetch string
 			return nil
 		}
 	}
-	if off := st.GetLimitOffset(); off != nil {
-		switch {
-		case off.GetParamRef() != nil:
-			c.Offset = int(off.GetParamRef().GetNumber())
-		case off.GetAConst() != nil && off.GetAConst().GetIval() != nil && off.GetAConst().GetIval().GetIval() == 0:
-		default:
-			return nil
-		}
+	var ok bool
+	if c.Offset, ok = zeroOffset(st); !ok {
+		return nil
 	}
 	c.Fetch = fmt.Sprintf("%s AND %s %s $2", fetch, pgx.Identifier{col}.Sanitize(), op)
 	return c
+}
+
+// zeroOffset reads st's offset where the first rows must be read from:
+// absent or a literal 0 (param 0), or a parameter (its number, which must
+// be 0 at run time); ok false for any other.
+func zeroOffset(st *pg.SelectStmt) (param int, ok bool) {
+	off := st.GetLimitOffset()
+	switch {
+	case off == nil:
+		return 0, true
+	case off.GetParamRef() != nil:
+		return int(off.GetParamRef().GetNumber()), true
+	case off.GetAConst() != nil && off.GetAConst().GetIval() != nil && off.GetAConst().GetIval().GetIval() == 0:
+		return 0, true
+	}
+	return 0, false
 }
 
 // repairOf returns the Repair of the split of r in st (key: r's primary
@@ -426,14 +437,9 @@ func (a *analysis) repairOf(st *pg.SelectStmt, sc *scope, r *relRef, key string,
 			return nil
 		}
 	}
-	if off := st.GetLimitOffset(); off != nil {
-		switch {
-		case off.GetParamRef() != nil:
-			rp.Offset = int(off.GetParamRef().GetNumber())
-		case off.GetAConst() != nil && off.GetAConst().GetIval() != nil && off.GetAConst().GetIval().GetIval() == 0:
-		default:
-			return nil
-		}
+	var ok bool
+	if rp.Offset, ok = zeroOffset(st); !ok {
+		return nil
 	}
 	rp.KeyParam = a.numParams + 1
 	if rp.SQL = repairSQL(a.sql, r.alias, key, rp.KeyParam); rp.SQL == "" {
