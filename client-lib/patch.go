@@ -242,10 +242,13 @@ func fetchSplit(tpl *quma.Template) *quma.RowSplit {
 	return out
 }
 
-// compose puts the rows of fetched (s.Fetch's result) in m's order, under
-// m's column names. It refuses (false) a fetch whose columns are not the
-// membership's (types and formats), or that lacks a row m holds.
-func (m *memberList) compose(fetched *Result, s *quma.RowSplit) (*Result, bool) {
+// compose puts the rows of fetched (s.Fetch's result for keys, m's keys
+// or their first ones) in keys' order, under m's column names. It
+// refuses (false) a fetch whose columns are not the membership's (types
+// and formats), or that lacks a row of keys, but for rows before the
+// first it holds when dropFront (rows a higher bound left out: its
+// column orders the membership).
+func (m *memberList) compose(fetched *Result, s *quma.RowSplit, keys []int64, dropFront bool) (*Result, bool) {
 	if len(fetched.Fields) != len(m.fields) || s.Output >= len(m.fields) {
 		return nil, false
 	}
@@ -254,21 +257,23 @@ func (m *memberList) compose(fetched *Result, s *quma.RowSplit) (*Result, bool) 
 			return nil, false
 		}
 	}
-	keys, ok := fetched.intColumn(s.Output, fetched.Fields[s.Output].Name)
+	got, ok := fetched.intColumn(s.Output, fetched.Fields[s.Output].Name)
 	if !ok {
 		return nil, false
 	}
-	byKey := make(map[int64][][]byte, len(keys))
-	for i, k := range keys {
+	byKey := make(map[int64][][]byte, len(got))
+	for i, k := range got {
 		byKey[k] = fetched.Rows[i]
 	}
-	out := &Result{Fields: m.fields, Rows: make([][][]byte, len(m.keys))}
-	for i, k := range m.keys {
+	out := &Result{Fields: m.fields, Rows: make([][][]byte, 0, len(keys))}
+	for _, k := range keys {
 		row, ok := byKey[k]
-		if !ok {
+		switch {
+		case ok:
+			out.Rows = append(out.Rows, row)
+		case !dropFront || len(out.Rows) > 0:
 			return nil, false
 		}
-		out.Rows[i] = row
 	}
 	return out, true
 }
@@ -289,7 +294,18 @@ type patchPlan struct {
 	// keys) rather than patched.
 	repair bool
 	args   []any
+	// n is the read's LIMIT and wide the LIMIT its query runs with when
+	// its membership is kept wide (quma.Repair.Wide): more rows than the
+	// read shows, so that rows leaving it are repaired too; both 0 when
+	// it is not.
+	n, wide int64
 }
+
+// wideRows is the LIMIT a wide read of LIMIT n runs with: twice n, at
+// most wideExtra more.
+func wideRows(n int64) int64 { return n + min(n, wideExtra) }
+
+const wideExtra = 100
 
 // carried reports whether the membership is carried (keyed without the
 // bound).
@@ -325,7 +341,70 @@ func (t *ROTx) planPatch(ctx context.Context, tpl *quma.Template, scope, sql str
 		return len(m.absorbed) == 0 || p.repairable(m)
 	})
 	p.repair = p.members != nil && len(p.members.absorbed) > 0
+	if r := s.Repair; r != nil && r.Wide != "" && len(args)+1 == r.KeyParam && p.zeroOffset() && !wideOffForTest {
+		if n := p.limit(); n > 0 {
+			p.n, p.wide = n, wideRows(n)
+		}
+	}
 	return p
+}
+
+// zeroOffset reports whether the read's offset (quma.Repair) is 0.
+func (p *patchPlan) zeroOffset() bool {
+	r := p.split.Repair
+	return r.Offset == 0 || r.Offset <= len(p.args) && isZero(p.args[r.Offset-1])
+}
+
+// missLoad is the statement a miss runs, and its arguments: the read's
+// own (sql with args), or, when the read is wide, the statement with the
+// wider LIMIT (quma.Repair.Wide).
+func (p *patchPlan) missLoad(sql string, args []any) (string, []any) {
+	if p == nil || p.wide == 0 {
+		return sql, args
+	}
+	r := p.split.Repair
+	wargs := append(make([]any, 0, len(args)+1), args...)
+	if r.WideParam <= len(args) {
+		wargs[r.WideParam-1] = p.wide
+	} else {
+		wargs = append(wargs, p.wide)
+	}
+	return r.Wide, wargs
+}
+
+// missed takes what a miss's load read (missLoad): it returns the read's
+// result and the membership to keep (nil when the rows' keys cannot be
+// read). A wide read's result is its first n rows; its membership holds
+// them all, and is full when they fill the wide LIMIT.
+func (p *patchPlan) missed(res *Result) (*Result, *memberList) {
+	all := res
+	if p.wide > 0 {
+		res = firstRows(all, p.n)
+	}
+	keys, ok := all.splitKeys(p.split)
+	if !ok {
+		return res, nil
+	}
+	m := &memberList{fields: all.Fields, keys: keys, bound: p.bound}
+	switch r := p.split.Repair; {
+	case p.wide > 0:
+		m.full = int64(len(keys)) >= p.wide
+	case r != nil && (r.Limit > 0 || r.LimitParam > 0):
+		n := p.limit()
+		m.full = n <= 0 || int64(len(keys)) >= n
+	}
+	if m.full && len(keys) > 0 {
+		m.last, _ = all.boundAt(len(keys)-1, p.split.Repair.SortOutput)
+	}
+	return res, m
+}
+
+// firstRows is res's first n rows (res itself when it has no more).
+func firstRows(res *Result, n int64) *Result {
+	if int64(len(res.Rows)) <= n {
+		return res
+	}
+	return &Result{Fields: res.Fields, Rows: res.Rows[:n]}
 }
 
 // repairable reports whether membership m, which absorbed changes, can be
@@ -359,23 +438,83 @@ func (p *patchPlan) limit() int64 {
 	return int64(r.Limit)
 }
 
-// repaired checks the result of a repair (Repair.SQL on the membership's
-// rows and the absorbed ones): it is the query's when the membership was
-// not full (it held every row the query matched), or when it is full too
-// and its last row sorts no later than the membership's last (a row left
-// out sorts no earlier than that: at most a tie, which PostgreSQL breaks
-// arbitrarily too).
-func (p *patchPlan) repaired(res *Result) bool {
+// repairedResult takes the result of a repair (Repair.SQL on the
+// membership's rows and the absorbed ones, every row it matches, in
+// order): it returns the read's result and the membership to keep, or
+// false when the query must run. When the membership held every row the
+// query matched (not full), so does the repair. When it was full, a row
+// it left out sorts no earlier than its last row, and still does,
+// unchanged: only the repair's rows that sort no later than that one
+// are known to be the query's first (a tie is broken arbitrarily by
+// PostgreSQL too), and they must fill the read's LIMIT.
+func (p *patchPlan) repairedResult(res *Result) (*Result, *memberList, bool) {
 	m := p.members
-	if !m.full {
-		return true
+	rows := res.Rows
+	last := m.last
+	if m.full {
+		k := 0
+		for ; k < len(rows) && !repairIgnoresLastForTest; k++ {
+			if b, ok := res.boundAt(k, p.split.Repair.SortOutput); !ok || !b.atMost(m.last) {
+				break
+			}
+		}
+		if !repairIgnoresLastForTest {
+			rows = rows[:k]
+		}
+		if n := p.limit(); n <= 0 || int64(len(rows)) < n {
+			return nil, nil, false
+		}
 	}
-	n := p.limit()
-	if n <= 0 || int64(len(res.Rows)) != n {
-		return false
+	known := &Result{Fields: res.Fields, Rows: rows}
+	full := m.full
+	if p.wide > 0 && int64(len(rows)) > p.wide {
+		// Kept to the wide LIMIT: what it leaves out sorts no earlier
+		// than its last row.
+		known.Rows, full = rows[:p.wide], true
+		var ok bool
+		if last, ok = known.boundAt(len(known.Rows)-1, p.split.Repair.SortOutput); !ok {
+			return nil, nil, false
+		}
 	}
-	last, ok := res.boundAt(len(res.Rows)-1, p.split.Repair.SortOutput)
-	return ok && last.atMost(m.last)
+	keys, ok := known.splitKeys(p.split)
+	if !ok {
+		return nil, nil, false
+	}
+	out := known
+	if n := p.limit(); n > 0 {
+		out = firstRows(known, n)
+	}
+	return out, &memberList{fields: known.Fields, keys: keys, bound: p.bound, full: full, last: last}, true
+}
+
+// patchedResult takes the rows a patch read again by key (load): the
+// read's result, in the membership's order, or false when the query
+// must run. A carried membership may have lost rows at its front to the
+// read's higher bound; when it was full (Repair), the rows left must
+// still fill the read's LIMIT.
+func (p *patchPlan) patchedResult(fetched *Result) (*Result, bool) {
+	m := p.members
+	dropFront := p.carried() && p.split.Repair != nil
+	out, ok := m.compose(fetched, p.split, p.fetchKeys(), dropFront)
+	if !ok {
+		return nil, false
+	}
+	if p.n > 0 {
+		if m.full && int64(len(out.Rows)) < p.n && !carryIgnoresFullForTest {
+			return nil, false
+		}
+		out = firstRows(out, p.n)
+	}
+	return out, true
+}
+
+// fetchKeys are the keys a patch reads again: the membership's, or, for a
+// wide read that is not carried, the first n only (the rows it shows).
+func (p *patchPlan) fetchKeys() []int64 {
+	if p.n > 0 && !p.carried() && int64(len(p.members.keys)) > p.n {
+		return p.members.keys[:p.n]
+	}
+	return p.members.keys
 }
 
 // isZero reports whether an offset parameter is the integer 0.
@@ -392,12 +531,16 @@ func (p *patchPlan) load() (string, []any) {
 		if !repairIgnoresAbsorbedForTest {
 			keys = mergeInts(keys, p.members.absorbed)
 		}
-		return p.split.Repair.SQL, append(append([]any(nil), p.args...), keys)
+		args := append(append(make([]any, 0, len(p.args)+1), p.args...), keys)
+		if r := p.split.Repair; r.LimitParam > 0 {
+			args[r.LimitParam-1] = int64(len(keys)) // every row it can match
+		}
+		return p.split.Repair.SQL, args
 	}
 	if p.carried() && !carryIgnoresBoundForTest {
 		return p.split.Carry.Fetch, []any{p.members.keys, p.boundArg}
 	}
-	return p.split.Fetch, []any{p.members.keys}
+	return p.split.Fetch, []any{p.fetchKeys()}
 }
 
 // outcome is larder_client_row_patches_total's outcome of a patch made:
@@ -443,32 +586,16 @@ func (t *ROTx) lookupMembers(ctx context.Context, mkey []byte, tplID string, usa
 	return m
 }
 
-// putMembers keeps the membership of res, split with groups (the result's
-// group tags, narrowed to the membership columns), in the L1 at the
-// transaction's snapshot.
-func (t *ROTx) putMembers(ctx context.Context, p *patchPlan, res *Result, groups []quma.QueryTag, tplID string) {
-	keys, ok := res.splitKeys(p.split)
-	if !ok {
-		return
-	}
-	m := &memberList{fields: res.Fields, keys: keys, bound: p.bound}
-	absorbs := false
-	if r := p.split.Repair; r != nil {
-		// Kept open across changes that name their rows, to be
-		// repaired; with a LIMIT, its last sort key known when full.
-		absorbs = true
-		if n := p.limit(); r.Limit > 0 || r.LimitParam > 0 {
-			m.full = n <= 0 || int64(len(keys)) >= n
-			if m.full && len(keys) > 0 {
-				m.last, _ = res.boundAt(len(keys)-1, r.SortOutput)
-			}
-		}
-	}
+// putMembers keeps membership m, split with groups (the result's group
+// tags, narrowed to the membership columns), in the L1 at the
+// transaction's snapshot; a membership of a template that can be repaired
+// is kept open across changes that name their rows (absorbs).
+func (t *ROTx) putMembers(ctx context.Context, p *patchPlan, m *memberList, groups []quma.QueryTag, tplID string) {
 	deps := depsOf(groups)
 	if membersForeverForTest {
 		deps = nil
 	}
-	t.c.l1Put(ctx, p.key, t.ts, deps, encodeMembers(m), tplID, absorbs)
+	t.c.l1Put(ctx, p.key, t.ts, deps, encodeMembers(m), tplID, p.split.Repair != nil)
 }
 
 // mergeInts returns the sorted union of a and b.
@@ -487,6 +614,22 @@ var carryIgnoresBoundForTest bool
 // reads the membership's rows only, not those that changed) so that a
 // test can show that its check notices.
 var repairIgnoresAbsorbedForTest bool
+
+// repairIgnoresLastForTest breaks the client on purpose (a repair of a
+// full membership takes the repair's first rows, even those sorting
+// after the membership's last, before which a row it left out may come)
+// so that a test can show that its check notices.
+var repairIgnoresLastForTest bool
+
+// carryIgnoresFullForTest breaks the client on purpose (a full
+// membership carried to a bound that left out rows at its front gives
+// the rows left, even too few to fill the read's LIMIT) so that a test
+// can show that its check notices.
+var carryIgnoresFullForTest bool
+
+// wideOffForTest keeps memberships to the rows a read shows (no wide
+// LIMIT), for a test that needs the repair refused when a row leaves.
+var wideOffForTest bool
 
 // membersForeverForTest breaks the client on purpose (memberships are
 // kept with no tags: nothing ends them) so that a test can show that its

@@ -127,7 +127,7 @@ func TestMembersCompose(t *testing.T) {
 	fetchedFields := []pgconn.FieldDescription{{Name: "id", DataTypeOID: pgtype.Int4OID, Format: 1}, {Name: "name", DataTypeOID: pgtype.TextOID}}
 	m := &memberList{fields: fields, keys: []int64{6, 2, 6}}
 	fetched := &Result{Fields: fetchedFields, Rows: [][][]byte{{int4(2), []byte("two")}, {int4(6), nil}}}
-	got, ok := m.compose(fetched, s)
+	got, ok := m.compose(fetched, s, m.keys, false)
 	if !ok {
 		t.Fatal("refused")
 	}
@@ -140,9 +140,21 @@ func TestMembersCompose(t *testing.T) {
 	otherFormat := &Result{Fields: []pgconn.FieldDescription{{Name: "id", DataTypeOID: pgtype.Int4OID}, fetchedFields[1]}, Rows: fetched.Rows}
 	fewer := &Result{Fields: fetchedFields[:1], Rows: [][][]byte{{int4(2)}, {int4(6)}}}
 	for name, r := range map[string]*Result{"a row missing": missing, "another type": otherType, "another format": otherFormat, "fewer columns": fewer} {
-		if _, ok := m.compose(r, s); ok {
+		if _, ok := m.compose(r, s, m.keys, false); ok {
 			t.Errorf("%s: composed", name)
 		}
+	}
+	// Carried to a higher bound, rows at the front may be gone (dropFront),
+	// not rows after the first it holds.
+	keys := []int64{1, 2, 6}
+	if got, ok := m.compose(fetched, s, keys, true); !ok || len(got.Rows) != 2 {
+		t.Errorf("front row gone: composed %v, %v; want items 2 and 6", got, ok)
+	}
+	if _, ok := m.compose(fetched, s, keys, false); ok {
+		t.Error("front row gone, not dropFront: composed")
+	}
+	if _, ok := m.compose(fetched, s, []int64{2, 1, 6}, true); ok {
+		t.Error("a row gone after the first held: composed")
 	}
 }
 
@@ -209,13 +221,16 @@ func TestPatchedSearchPageThroughDatabaseSQL(t *testing.T) {
 	}
 
 	// Which items it holds: item 2 leaves the category. The membership
-	// ends with the page; the search runs again.
-	before := patched()
+	// is not patched (its rows read again by key): it is repaired (the
+	// page's statement on its rows and item 2, repair_test.go) or the
+	// search runs again.
+	outcome := func(o string) float64 { return testutil.ToFloat64(cl.m.rowPatches.WithLabelValues(o)) }
+	before := outcome("patched")
 	write("UPDATE items SET category = 2 WHERE id = 2")
 	page = []item{{4, 41, "item 4"}, {6, 60, "item 6"}, {8, 80, "item 8"}}
 	untilL1Hit("after item 2 left the category", page...)
-	if n := patched() - before; n != 0 {
-		t.Errorf("%d reads patched after a change of which items the page holds", n)
+	if n := outcome("patched") - before; n != 0 {
+		t.Errorf("%v reads patched after a change of which items the page holds", n)
 	}
 
 	// And patched again on the new membership.

@@ -30,10 +30,13 @@ ALTER TABLE items REPLICA IDENTITY FULL`
 // A page whose membership changed through named rows is repaired: an item
 // that sorts after its last row enters the category (the page holds the
 // same items), an item moves to its front (the page holds it first),
-// each read by key with the page's own rows, not by the search. When an
-// item it holds leaves, a row past its LIMIT may enter: the repair is
-// refused and the search runs. Through database/sql, on a *sql.Conn whose
-// writes its next read-only transaction sees.
+// each read by key with the page's own rows, not by the search. The
+// membership holds twice the page's rows (its wide LIMIT): when an item
+// the page holds leaves, the next row enters from it, repaired too. When
+// so many leave that the rows it holds no longer fill the page, a row it
+// left out may enter: the repair is refused and the search runs. Through
+// database/sql, on a *sql.Conn whose writes its next read-only
+// transaction sees.
 func TestRepairedPageThroughDatabaseSQL(t *testing.T) {
 	s := startStackWith(t, repairDDL, repairSeed, repairPage, "SELECT name FROM items WHERE id = $1")
 	ctx := context.Background()
@@ -109,20 +112,27 @@ func TestRepairedPageThroughDatabaseSQL(t *testing.T) {
 		t.Fatal("item 5 moved to the front: no read repaired in 30 s")
 	}
 
-	// Item 1 leaves: item 3, past the LIMIT, enters. The repair reads 5
-	// and 2 only, and is refused: the search runs.
-	refused := outcome("refused")
+	// Item 1 leaves: item 3, past the LIMIT but held by the membership,
+	// enters: repaired.
 	write("UPDATE items SET category = 2 WHERE id = 1")
-	if !until("after item 1 left the category", "refused", 30*time.Second, 5, 2, 3) {
-		t.Fatal("item 1 left the category: no repair refused in 30 s")
+	if !until("after item 1 left the category", "repaired", 30*time.Second, 5, 2, 3) {
+		t.Fatal("item 1 left the category: no read repaired in 30 s")
+	}
+	// The membership held 5, 1, 2, 3, 4, 6 (to item 6's end date): with
+	// 2, 3 and 4 gone too, 5 and 6 are all it knows of, and item 100, past
+	// its last row, should enter. The repair is refused: the search runs.
+	refused := outcome("refused")
+	write("UPDATE items SET category = 2 WHERE id IN (2, 3, 4)")
+	if !until("after items 2-4 left the category", "refused", 30*time.Second, 5, 6, 100) {
+		t.Fatal("items 2-4 left the category: no repair refused in 30 s")
 	}
 	if n := outcome("refused") - refused; n != 1 {
 		t.Errorf("%v repairs refused, want 1", n)
 	}
 	// The search's membership is repaired in turn.
-	write("UPDATE items SET end_date = '2030-01-01 00:10:00+00' WHERE id = 6")
-	if !until("after item 6 moved to the front", "repaired", 30*time.Second, 6, 5, 2) {
-		t.Fatal("item 6 moved to the front: no read repaired in 30 s")
+	write("INSERT INTO items VALUES (200, 1, 'front', '2030-01-01 00:10:00+00')")
+	if !until("after a new item at the front", "repaired", 30*time.Second, 200, 5, 6) {
+		t.Fatal("a new item at the front: no read repaired in 30 s")
 	}
 }
 
@@ -130,30 +140,34 @@ func TestRepairedPageThroughDatabaseSQL(t *testing.T) {
 // categories and give them new end dates (all distinct), directly on
 // PostgreSQL; readers read, in one read-only transaction, every
 // category's whole list (LIMIT 50: every item it holds) and its first
-// three (LIMIT 3). Each item must be on exactly one list, and each first
-// three must be its list's first three. broken=repair-ignores-changes (a
-// repair reads the membership's rows only) must be noticed.
+// two (LIMIT 2, whose membership holds four: full, or near it, as a
+// category holds four items on average). Each item must be on exactly
+// one list, and each first two must be its list's first two. Two broken
+// clients must be noticed: broken=repair-ignores-changes (a repair reads
+// the membership's rows only) and broken=repair-ignores-last (a repair
+// of a full membership takes its first rows even past the membership's
+// last, where a row it left out may belong).
 func TestRepairedPagesAddUp(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		hook *bool
-	}{{"broken=false", nil}, {"broken=repair-ignores-changes", &repairIgnoresAbsorbedForTest}} {
+	}{{"broken=false", nil}, {"broken=repair-ignores-changes", &repairIgnoresAbsorbedForTest}, {"broken=repair-ignores-last", &repairIgnoresLastForTest}, {"broken=carry-ignores-full", &carryIgnoresFullForTest}} {
 		t.Run(c.name, func(t *testing.T) {
 			broken := c.hook != nil
 			if broken {
 				*c.hook = true
 				defer func() { *c.hook = false }()
 			}
-			violations, reads, repaired := repairedPagesRun(t, broken)
+			violations, reads, repaired, carried := repairedPagesRun(t, broken)
 			switch {
 			case broken && violations == 0:
-				t.Fatalf("the broken client passed %d read-only transactions (%d repaired reads): the check cannot fail", reads, repaired)
+				t.Fatalf("the broken client passed %d read-only transactions (%d repaired reads, %d carried): the check cannot fail", reads, repaired, carried)
 			case !broken && violations > 0:
-				t.Fatalf("%d of %d read-only transactions saw lists that do not add up (%d repaired reads)", violations, reads, repaired)
-			case !broken && repaired == 0:
-				t.Fatalf("no repaired read in %d read-only transactions: the path went unchecked", reads)
+				t.Fatalf("%d of %d read-only transactions saw lists that do not add up (%d repaired reads, %d carried)", violations, reads, repaired, carried)
+			case !broken && (repaired == 0 || carried == 0):
+				t.Fatalf("%d repaired and %d carried reads in %d read-only transactions: a path went unchecked", repaired, carried, reads)
 			}
-			t.Logf("%d violations in %d read-only transactions, %d repaired reads", violations, reads, repaired)
+			t.Logf("%d violations in %d read-only transactions, %d repaired reads, %d carried", violations, reads, repaired, carried)
 		})
 	}
 }
@@ -162,13 +176,13 @@ const (
 	repairItems      = 12
 	repairCategories = 3
 	repairList       = "SELECT id, name, end_date FROM items WHERE category = $1 ORDER BY end_date LIMIT 50"
-	repairFirst      = "SELECT id, name, end_date FROM items WHERE category = $1 ORDER BY end_date LIMIT 3"
+	repairFirst      = "SELECT id, name, end_date FROM items WHERE category = $1 AND end_date >= $2 ORDER BY end_date LIMIT 2"
 )
 
 // repairedPagesRun runs writers and readers for 4 s and until a read was
 // repaired, or, when untilViolation, until the first violation; 30 s at
 // most.
-func repairedPagesRun(t *testing.T, untilViolation bool) (violations, reads, repaired int64) {
+func repairedPagesRun(t *testing.T, untilViolation bool) (violations, reads, repaired, carried int64) {
 	seed := fmt.Sprintf(`INSERT INTO items SELECT g, 1 + g %% %d, 'item ' || g, '2030-01-01'::timestamptz + g * interval '1 second' FROM generate_series(1, %d) g`, repairCategories, repairItems)
 	s := startStackWith(t, repairDDL, seed, repairList, repairFirst, "SELECT name FROM items WHERE id = $1",
 		"UPDATE items SET category = $1 WHERE id = $2", "UPDATE items SET end_date = $1 WHERE id = $2")
@@ -177,13 +191,14 @@ func repairedPagesRun(t *testing.T, untilViolation bool) (violations, reads, rep
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	count := func() int64 { return int64(testutil.ToFloat64(c.m.rowPatches.WithLabelValues("repaired"))) }
+	countCarried := func() int64 { return int64(testutil.ToFloat64(c.m.rowPatches.WithLabelValues("carried"))) }
 	var wg sync.WaitGroup
 	if !untilViolation {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for began := time.Now(); rctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
-				if time.Since(began) >= 4*time.Second && count() > 0 {
+				if time.Since(began) >= 4*time.Second && count() > 0 && countCarried() > 0 {
 					cancel()
 				}
 			}
@@ -210,8 +225,9 @@ func repairedPagesRun(t *testing.T, untilViolation bool) (violations, reads, rep
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			r := rand.New(rand.NewSource(int64(i)))
 			for rctx.Err() == nil {
-				problem, err := readRepairedLists(ctx, c, staleness)
+				problem, err := readRepairedLists(ctx, c, staleness, repairBounds[r.Intn(len(repairBounds))])
 				if err != nil {
 					if !errors.Is(err, ErrRetry) {
 						t.Error(err)
@@ -232,47 +248,62 @@ func repairedPagesRun(t *testing.T, untilViolation bool) (violations, reads, rep
 		}()
 	}
 	wg.Wait()
-	return bad.Load(), n.Load(), count()
+	return bad.Load(), n.Load(), count(), countCarried()
 }
 
-// readRepairedLists reads every category's list and first three in one
-// read-only transaction; it returns what does not add up ("" when all
-// does).
-func readRepairedLists(ctx context.Context, c *Client, staleness time.Duration) (string, error) {
+// repairBounds are the lower bounds the first two are read from: every
+// item, none moved to the front, none of the seed's first six unmoved,
+// none moved before about the 2000th step.
+var repairBounds = []time.Time{
+	time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC),
+	time.Date(2029, 1, 1, 0, 0, 0, 0, time.UTC),
+	time.Date(2030, 1, 1, 0, 0, 7, 0, time.UTC),
+	time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).Add(2_000_000 * time.Second),
+}
+
+// readRepairedLists reads every category's list and first two (from a
+// lower bound, one of repairBounds for all) in one read-only
+// transaction; it returns what does not add up ("" when all does).
+func readRepairedLists(ctx context.Context, c *Client, staleness time.Duration, bound time.Time) (string, error) {
 	tx, err := c.BeginRO(ctx, staleness)
 	if err != nil {
 		return "", err
 	}
 	defer tx.Commit(ctx)
-	ids := func(sql string, cat int) ([]int, error) {
-		rows, err := tx.Query(ctx, sql, cat)
+	read := func(sql string, args ...any) (ids []int, ends []time.Time, err error) {
+		rows, err := tx.Query(ctx, sql, args...)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		var out []int
 		for rows.Next() {
 			var id int
 			var name string
 			var end time.Time
 			if err := rows.Scan(&id, &name, &end); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			out = append(out, id)
+			ids, ends = append(ids, id), append(ends, end)
 		}
-		return out, rows.Err()
+		return ids, ends, rows.Err()
 	}
 	seen := map[int]int{}
 	for cat := 1; cat <= repairCategories; cat++ {
-		list, err := ids(repairList, cat)
+		list, ends, err := read(repairList, cat)
 		if err != nil {
 			return "", err
 		}
-		first, err := ids(repairFirst, cat)
+		first, _, err := read(repairFirst, cat, bound)
 		if err != nil {
 			return "", err
 		}
-		if want := list[:min(3, len(list))]; !slices.Equal(first, want) {
-			return fmt.Sprintf("category %d: first three %v, list %v", cat, first, list), nil
+		var want []int
+		for i, id := range list {
+			if !ends[i].Before(bound) && len(want) < 2 {
+				want = append(want, id)
+			}
+		}
+		if !slices.Equal(first, want) {
+			return fmt.Sprintf("category %d: first two from %s %v, list %v", cat, bound.Format(time.RFC3339), first, list), nil
 		}
 		for _, id := range list {
 			seen[id]++

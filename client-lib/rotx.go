@@ -812,7 +812,9 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	t.c.m.reads.WithLabelValues("database").Inc()
 	source := "database" // or "patched", once it is
 	defer func() { t.c.m.templateRead(tpl.ID, source) }()
-	loadSQL, loadArgs := runSQL, runArgs
+	// A miss runs the query, or its wide form (patch.go).
+	missSQL, missArgs := patch.missLoad(runSQL, runArgs)
+	loadSQL, loadArgs := missSQL, missArgs
 	if members != nil {
 		loadSQL, loadArgs = patch.load()
 	}
@@ -839,7 +841,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if members != nil && !members.holds(t.ts) {
 		// Every pin the membership narrowed the transaction to was gone,
 		// and it began at a fresh snapshot instead (fix): the query runs.
-		members, loadSQL, loadArgs = nil, runSQL, runArgs
+		members, loadSQL, loadArgs = nil, missSQL, missArgs
 		if piped != nil && piped.ran {
 			piped.ran = false // it read the rows: of no use
 		}
@@ -872,13 +874,14 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return nil, err
 	}
 	res := v.(*Result)
+	var kept *memberList // the membership to keep
 	if members != nil {
 		var patched *Result
 		var ok bool
 		if patch.repair {
-			patched, ok = res, patch.repaired(res)
+			patched, kept, ok = patch.repairedResult(res)
 		} else {
-			patched, ok = members.compose(res, patch.split)
+			patched, ok = patch.patchedResult(res)
 		}
 		if ok {
 			t.c.m.rowPatches.WithLabelValues(patch.outcome()).Inc()
@@ -889,11 +892,14 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 			// or format changed, a row is missing), or a repair may
 			// have missed a row past the LIMIT: the query runs.
 			t.c.m.rowPatches.WithLabelValues("refused").Inc()
-			if res, err = t.atSnapshot(ctx, runSQL, runArgs, tables); err != nil {
+			if res, err = t.atSnapshot(ctx, missSQL, missArgs, tables); err != nil {
 				return nil, err
 			}
 			members = nil
 		}
+	}
+	if patch != nil && members == nil {
+		res, kept = patch.missed(res)
 	}
 	t.trace = append(t.trace, fmt.Sprintf("db@%X(now=%v,shared=%v,patched=%v)", t.ts, t.now, shared, members != nil))
 	if shared {
@@ -922,9 +928,9 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	deps := depsOf(qtags)
 	if t.c.l1 != nil {
 		t.c.l1Put(ctx, key, t.ts, deps, value, tpl.ID, false)
-		if patch != nil && isSplit && (members == nil || patch.repair) {
+		if isSplit && kept != nil {
 			// Its group tags come first (quma.Template.SplitRows).
-			t.putMembers(ctx, patch, res, qtags[:groups], tpl.ID)
+			t.putMembers(ctx, patch, kept, qtags[:groups], tpl.ID)
 		}
 	}
 	if node != nil && node.usable() {

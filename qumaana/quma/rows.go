@@ -90,9 +90,19 @@ type RowSplit struct {
 // left out sorted no earlier than that one, and still does, unchanged).
 type Repair struct {
 	// SQL is the statement with "AND <ref>.<key> = ANY($KeyParam)" in its
-	// WHERE, KeyParam one past its last parameter.
+	// WHERE, KeyParam one past its last parameter, and without its LIMIT
+	// when that is a literal (a LIMIT parameter stays: run with the number
+	// of keys, it leaves out nothing).
 	SQL      string
 	KeyParam int
+	// Wide is the statement with its LIMIT read from parameter WideParam:
+	// the LIMIT's own parameter, or one past the last when the LIMIT is a
+	// literal (empty without a LIMIT). Run with a LIMIT wider than the
+	// read's, its first rows are the read's result, and the membership
+	// keeps them all: rows that leave it are then repaired too, as long as
+	// the rows left before its last still fill the read's LIMIT.
+	Wide      string
+	WideParam int
 	// Limit is the LIMIT's literal count, LimitParam its parameter
 	// (1-based); both 0 without a LIMIT.
 	Limit, LimitParam int
@@ -351,14 +361,7 @@ func (a *analysis) carryOf(st *pg.SelectStmt, sc *scope, r *relRef, fetch string
 	if c == nil || c.Param <= 0 {
 		return nil
 	}
-	uses := 0
-	walk(st, func(m proto.Message) bool {
-		if p, ok := m.(*pg.ParamRef); ok && int(p.GetNumber()) == c.Param {
-			uses++
-		}
-		return true
-	})
-	if uses != 1 {
+	if paramUses(st, c.Param) != 1 {
 		return nil
 	}
 	if st.GetLimitCount() != nil {
@@ -414,6 +417,9 @@ func (a *analysis) repairOf(st *pg.SelectStmt, sc *scope, r *relRef, key string,
 		switch {
 		case lc.GetParamRef() != nil:
 			rp.LimitParam = int(lc.GetParamRef().GetNumber())
+			if paramUses(st, rp.LimitParam) != 1 {
+				return nil // read elsewhere too: its value is not the LIMIT's alone
+			}
 		case lc.GetAConst() != nil && lc.GetAConst().GetIval() != nil && lc.GetAConst().GetIval().GetIval() > 0:
 			rp.Limit = int(lc.GetAConst().GetIval().GetIval())
 		default:
@@ -442,15 +448,66 @@ func (a *analysis) repairOf(st *pg.SelectStmt, sc *scope, r *relRef, key string,
 		return nil
 	}
 	rp.KeyParam = a.numParams + 1
-	if rp.SQL = repairSQL(a.sql, r.alias, key, rp.KeyParam); rp.SQL == "" {
+	if rp.SQL = repairSQL(a.sql, r.alias, key, rp.KeyParam, rp.Limit > 0); rp.SQL == "" {
 		return nil
+	}
+	switch {
+	case rp.LimitParam > 0:
+		rp.Wide, rp.WideParam = a.sql, rp.LimitParam
+	case rp.Limit > 0:
+		rp.WideParam = a.numParams + 1
+		if rp.Wide = wideSQL(a.sql, rp.WideParam); rp.Wide == "" {
+			return nil
+		}
 	}
 	return rp
 }
 
+// paramUses counts the references to parameter n in st.
+func paramUses(st *pg.SelectStmt, n int) int {
+	uses := 0
+	walk(st, func(m proto.Message) bool {
+		if p, ok := m.(*pg.ParamRef); ok && int(p.GetNumber()) == n {
+			uses++
+		}
+		return true
+	})
+	return uses
+}
+
 // repairSQL returns sql (one SELECT) with "AND ref.key = ANY($param)" in
-// its top WHERE, deparsed; "" when it cannot be rewritten.
-func repairSQL(sql, ref, key string, param int) string {
+// its top WHERE, and without its LIMIT when dropLimit, deparsed; "" when
+// it cannot be rewritten.
+func repairSQL(sql, ref, key string, param int, dropLimit bool) string {
+	return rewriteSelect(sql, func(sel *pg.SelectStmt) {
+		byKey := pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP_ANY, []*pg.Node{pg.MakeStrNode("=")},
+			pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(ref), pg.MakeStrNode(key)}, -1),
+			pg.MakeParamRefNode(int32(param), -1), -1)
+		switch w := sel.GetWhereClause(); {
+		case w == nil:
+			sel.WhereClause = byKey
+		case w.GetBoolExpr() != nil && w.GetBoolExpr().GetBoolop() == pg.BoolExprType_AND_EXPR:
+			w.GetBoolExpr().Args = append(w.GetBoolExpr().Args, byKey)
+		default:
+			sel.WhereClause = pg.MakeBoolExprNode(pg.BoolExprType_AND_EXPR, []*pg.Node{w, byKey}, -1)
+		}
+		if dropLimit {
+			sel.LimitCount, sel.LimitOption = nil, pg.LimitOption_LIMIT_OPTION_DEFAULT
+		}
+	})
+}
+
+// wideSQL returns sql (one SELECT) with its LIMIT read from parameter
+// param, deparsed; "" when it cannot be rewritten.
+func wideSQL(sql string, param int) string {
+	return rewriteSelect(sql, func(sel *pg.SelectStmt) {
+		sel.LimitCount = pg.MakeParamRefNode(int32(param), -1)
+	})
+}
+
+// rewriteSelect parses sql, which must be one SELECT without a set
+// operation, edits it and deparses it; "" when it cannot.
+func rewriteSelect(sql string, edit func(*pg.SelectStmt)) string {
 	res, err := pg.Parse(sql)
 	if err != nil || len(res.GetStmts()) != 1 {
 		return ""
@@ -459,17 +516,7 @@ func repairSQL(sql, ref, key string, param int) string {
 	if sel == nil || sel.GetOp() != pg.SetOperation_SETOP_NONE {
 		return ""
 	}
-	byKey := pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP_ANY, []*pg.Node{pg.MakeStrNode("=")},
-		pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(ref), pg.MakeStrNode(key)}, -1),
-		pg.MakeParamRefNode(int32(param), -1), -1)
-	switch w := sel.GetWhereClause(); {
-	case w == nil:
-		sel.WhereClause = byKey
-	case w.GetBoolExpr() != nil && w.GetBoolExpr().GetBoolop() == pg.BoolExprType_AND_EXPR:
-		w.GetBoolExpr().Args = append(w.GetBoolExpr().Args, byKey)
-	default:
-		sel.WhereClause = pg.MakeBoolExprNode(pg.BoolExprType_AND_EXPR, []*pg.Node{w, byKey}, -1)
-	}
+	edit(sel)
 	out, err := pg.Deparse(res)
 	if err != nil {
 		return ""

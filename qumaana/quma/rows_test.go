@@ -221,14 +221,16 @@ func (s *RowSplit) carry() *Carry {
 func TestRowSplitRepair(t *testing.T) {
 	for sql, want := range map[string]string{
 		"SELECT id, name, end_date FROM items WHERE category = $1 AND end_date >= $2 ORDER BY end_date LIMIT 20 OFFSET $3": `limit 20/$0 offset $3 sort 2 keys $4: ` +
-			"SELECT id, name, end_date FROM items WHERE category = $1 AND end_date >= $2 AND items.id = ANY($4) ORDER BY end_date LIMIT 20 OFFSET $3",
+			"SELECT id, name, end_date FROM items WHERE category = $1 AND end_date >= $2 AND items.id = ANY($4) ORDER BY end_date OFFSET $3" +
+			" wide $4: SELECT id, name, end_date FROM items WHERE category = $1 AND end_date >= $2 ORDER BY end_date LIMIT $4 OFFSET $3",
 		"SELECT items.id, items.name, items.end_date FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 ORDER BY items.end_date LIMIT $3": `limit 0/$3 offset $0 sort 2 keys $4: ` +
-			"SELECT items.id, items.name, items.end_date FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 AND items.id = ANY($4) ORDER BY items.end_date LIMIT $3",
+			"SELECT items.id, items.name, items.end_date FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 AND items.id = ANY($4) ORDER BY items.end_date LIMIT $3" +
+			" wide $3: SELECT items.id, items.name, items.end_date FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 ORDER BY items.end_date LIMIT $3",
 		// No LIMIT: every row, in any order; one WHERE term or none.
 		"SELECT id, name FROM items i WHERE i.category = $1": `limit 0/$0 offset $0 sort -1 keys $2: ` +
-			"SELECT id, name FROM items i WHERE i.category = $1 AND i.id = ANY($2)",
+			"SELECT id, name FROM items i WHERE i.category = $1 AND i.id = ANY($2) wide $0: ",
 		"SELECT id, name FROM items WHERE category = $1 OR qty > 3": `limit 0/$0 offset $0 sort -1 keys $2: ` +
-			"SELECT id, name FROM items WHERE (category = $1 OR qty > 3) AND items.id = ANY($2)",
+			"SELECT id, name FROM items WHERE (category = $1 OR qty > 3) AND items.id = ANY($2) wide $0: ",
 		// Not: the sort column not shown, descending, two sort columns,
 		// NULLS FIRST, no ORDER BY with a LIMIT, a literal offset, WITH
 		// TIES.
@@ -239,13 +241,15 @@ func TestRowSplitRepair(t *testing.T) {
 		"SELECT id, name, end_date FROM items WHERE category = $1 LIMIT 20":                                        "",
 		"SELECT id, name, end_date FROM items WHERE category = $1 ORDER BY end_date LIMIT 20 OFFSET 20":            "",
 		"SELECT id, name, end_date FROM items WHERE category = $1 ORDER BY end_date FETCH FIRST 20 ROWS WITH TIES": "",
+		// A LIMIT parameter read elsewhere too.
+		"SELECT id, name, end_date FROM items WHERE category = $1 AND qty < $2 ORDER BY end_date LIMIT $2": "",
 	} {
 		tpl := prepare(t, sql)
 		got := ""
 		for _, d := range tpl.Deps {
 			if d.Rows != nil && d.Rows.Repair != nil {
 				r := d.Rows.Repair
-				got = fmt.Sprintf("limit %d/$%d offset $%d sort %d keys $%d: %s", r.Limit, r.LimitParam, r.Offset, r.SortOutput, r.KeyParam, r.SQL)
+				got = fmt.Sprintf("limit %d/$%d offset $%d sort %d keys $%d: %s wide $%d: %s", r.Limit, r.LimitParam, r.Offset, r.SortOutput, r.KeyParam, r.SQL, r.WideParam, r.Wide)
 			}
 		}
 		if got != want {
