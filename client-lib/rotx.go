@@ -856,6 +856,9 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		// transaction holds its tables before it loads or waits (fix), so
 		// no load waits for a lock, and no waiter for a load that does.
 		flightKey := fmt.Sprintf("%x@%d", key, t.ts)
+		if members == nil && patch != nil && patch.wide > 0 {
+			flightKey = "wide " + flightKey // more rows than the read's
+		}
 		if members != nil {
 			flightKey = "rows of " + flightKey
 			if patch.repair {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,6 +84,9 @@ type Node struct {
 	watermark uint64
 	hbTime    time.Time
 	groups    map[string]*group // by name
+	// lingering are the groups of groups the sweep found unheld
+	// (group.unheldSince set): the sweep's ticks look at them only.
+	lingering map[string]*group
 	// awaiting are the groups marked awaitingHB (some may since have
 	// been dropped): a heartbeat takes them without a pass over groups.
 	awaiting   []*group
@@ -158,6 +160,7 @@ func New(cfg Config) (*Node, error) {
 		events:    make(chan *nats.Msg, cfg.EventBuffer),
 		marker:    &nats.Msg{},
 		groups:    map[string]*group{},
+		lingering: map[string]*group{},
 		bySubject: map[string]*group{},
 		subs:      map[string]*nats.Subscription{},
 		confirmCh: make(chan []*group, 1024),
@@ -612,7 +615,10 @@ func (n *Node) groupLocked(d store.Dep, flush bool) (*group, error) {
 		name, subject = store.TableName(d.Table), invalidation.FlushSubject(n.cfg.Prefix, d.Table)
 	}
 	if g := n.groups[name]; g != nil {
-		g.unheldSince = time.Time{} // held again: it lingers no more
+		if !g.unheldSince.IsZero() {
+			g.unheldSince = time.Time{} // held again: it lingers no more
+			delete(n.lingering, name)
+		}
 		return g, nil
 	}
 	g := &group{name: name, subject: subject, flush: flush, table: d.Table}
@@ -969,12 +975,16 @@ func (n *Node) sweepLoop(ctx context.Context) {
 		case <-t.C:
 			// Each tick looks at the lingering groups again; every
 			// sweepAllTicks-th, at every group (a release notice lost to
-			// a full queue).
+			// a full queue, a group never held).
 			all := tick%sweepAllTicks == 0
 			tick++
 			n.mu.Lock()
-			for name, g := range n.groups {
-				if g.confirmed && (all || !g.unheldSince.IsZero()) {
+			from := n.lingering
+			if all {
+				from = n.groups
+			}
+			for name, g := range from {
+				if g.confirmed {
 					names = append(names, name)
 				}
 			}
@@ -992,8 +1002,10 @@ const sweepAllTicks = 12
 // stream wait meanwhile.
 const sweepChunk = 512
 
+// unsubscribeUnheld unsubscribes from the groups of names no version
+// depends on, a chunk at a time (in any order: a full sweep names every
+// group, and sorting them cost more than looking).
 func (n *Node) unsubscribeUnheld(ctx context.Context, names []string) {
-	sort.Strings(names)
 	for len(names) > 0 {
 		chunk := names[:min(len(names), sweepChunk)]
 		names = names[len(chunk):]
@@ -1021,11 +1033,13 @@ func (n *Node) unsubscribeUnheldChunk(ctx context.Context, names []string) bool 
 		}
 		if held[i] || len(g.waiting) > 0 || !g.confirmed {
 			g.unheldSince = time.Time{}
+			delete(n.lingering, name)
 			continue
 		}
 		if n.cfg.Linger > 0 {
 			if g.unheldSince.IsZero() {
 				g.unheldSince = now
+				n.lingering[name] = g
 			}
 			if now.Sub(g.unheldSince) < n.cfg.Linger {
 				continue // the sweep looks again
@@ -1037,6 +1051,7 @@ func (n *Node) unsubscribeUnheldChunk(ctx context.Context, names []string) bool 
 		}
 		delete(n.bySubject, g.subject)
 		delete(n.groups, name)
+		delete(n.lingering, name)
 	}
 	n.m.groups.Set(float64(len(n.groups)))
 	return true
