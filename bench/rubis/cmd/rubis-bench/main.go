@@ -39,6 +39,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strconv"
@@ -146,7 +147,16 @@ func run() error {
 	flag.StringVar(&freshReadWait, "fresh-read-wait", "", "how long the larder modes' reads wait for their fresh snapshot to be placed (larder.fresh-read-wait: a Go duration, 0s for no wait; empty: the client's default, 50ms)")
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	l1 := flag.String("l1", "256MiB", "the L1 of the modes with one (larder-l1, local-only, php-larder-l1): bytes, with an optional KiB, MiB or GiB suffix")
+	gogc := flag.Int("gogc", 400, "the application process's GOGC, every mode alike (its L1 is a large long-lived heap, which the collector marks again in every cycle; 0: Go's default or the GOGC variable)")
 	flag.Parse()
+	if *gogc < 0 {
+		return fmt.Errorf("--gogc %d: want 0 or more", *gogc)
+	}
+	gcNote := "the application's GOGC: Go's default"
+	if *gogc > 0 {
+		debug.SetGCPercent(*gogc)
+		gcNote = fmt.Sprintf("the application's GOGC: %d", *gogc)
+	}
 	if n, err := bytesize.Parse(*l1); err != nil || n <= 0 {
 		return fmt.Errorf("--l1 %q: want a positive size (%v)", *l1, err)
 	} else {
@@ -240,7 +250,7 @@ func run() error {
 		}
 	}
 	machine := fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode; "+
-		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v; NOW() in SQL: %v; L1 (modes with one): %d MiB", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow, l1Bytes>>20)
+		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v; NOW() in SQL: %v; L1 (modes with one): %d MiB; %s", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow, l1Bytes>>20, gcNote)
 	if *cacheWarmup > 0 {
 		machine += fmt.Sprintf("; the cached modes warmed up %s more before their first run", *cacheWarmup)
 	}
