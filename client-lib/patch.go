@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -303,7 +304,12 @@ type patchPlan struct {
 
 // wideRows is the LIMIT a wide read of LIMIT n runs with: twice n, at
 // most wideExtra more.
-func wideRows(n int64) int64 { return n + min(n, wideExtra) }
+func wideRows(n int64) int64 {
+	if n > math.MaxInt64-wideExtra {
+		return n // as good as no LIMIT
+	}
+	return n + min(n, wideExtra)
+}
 
 const wideExtra = 100
 
@@ -499,11 +505,11 @@ func (p *patchPlan) patchedResult(fetched *Result) (*Result, bool) {
 	if !ok {
 		return nil, false
 	}
-	if p.n > 0 {
-		if m.full && int64(len(out.Rows)) < p.n && !carryIgnoresFullForTest {
+	if n := p.limit(); n > 0 {
+		if m.full && int64(len(out.Rows)) < n && !carryIgnoresFullForTest {
 			return nil, false
 		}
-		out = firstRows(out, p.n)
+		out = firstRows(out, n)
 	}
 	return out, true
 }
@@ -533,7 +539,9 @@ func (p *patchPlan) load() (string, []any) {
 		}
 		args := append(append(make([]any, 0, len(p.args)+1), p.args...), keys)
 		if r := p.split.Repair; r.LimitParam > 0 {
-			args[r.LimitParam-1] = int64(len(keys)) // every row it can match
+			// LIMIT NULL: every row it matches (a key may match several
+			// rows of a join).
+			args[r.LimitParam-1] = nil
 		}
 		return p.split.Repair.SQL, args
 	}

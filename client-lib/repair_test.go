@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/larderdb/larder/qumaana/quma"
 )
 
 // The repaired page: items of a category by end date, distinct end dates
@@ -315,4 +317,23 @@ func readRepairedLists(ctx context.Context, c *Client, staleness time.Duration, 
 		}
 	}
 	return "", nil
+}
+
+// A repair reads every row its keys match: a LIMIT parameter is given
+// NULL (a key of a join may match several rows), the rest as the read's,
+// the keys (the membership's and the absorbed ones, once each) last.
+func TestRepairLoadArguments(t *testing.T) {
+	p := &patchPlan{
+		split:   &quma.RowSplit{Repair: &quma.Repair{SQL: "repair", KeyParam: 3, LimitParam: 2, SortOutput: 1}},
+		members: &memberList{keys: []int64{5, 5, 7}, absorbed: []int64{9, 5}},
+		repair:  true,
+		args:    []any{1, 10},
+	}
+	sql, args := p.load()
+	if sql != "repair" || len(args) != 3 || args[0] != 1 || args[1] != nil || !slices.Equal(args[2].([]int64), []int64{5, 7, 9}) {
+		t.Errorf("load: %q %v, want repair [1 <nil> [5 7 9]]", sql, args)
+	}
+	if p.args[1] != 10 {
+		t.Errorf("the read's arguments changed: %v", p.args)
+	}
 }
