@@ -80,6 +80,13 @@ type Config struct {
 	// still hit. A cache-node's hits are kept there as the closed interval
 	// the node proved.
 	L1Bytes int64
+	// L1Broadcast has the L1 receive every invalidation of the prefix on
+	// one subscription and drop those of groups it does not hold
+	// (node.Config.Broadcast), instead of subscribing to each group it
+	// holds: an L1 of many small results otherwise keeps NATS busy with
+	// hundreds of thousands of subscriptions, each made and removed as
+	// results come and go. What it serves is the same.
+	L1Broadcast bool
 	// NodeTimeout bounds each cache-node call, connecting included
 	// (default DefaultNodeTimeout); a call also leaves at least half of
 	// what remains of the caller's deadline for PostgreSQL. A call that

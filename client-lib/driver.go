@@ -238,6 +238,10 @@ func ParseDSN(dsn string) (Config, error) {
 			}
 		case "larder.origin-edge":
 			cfg.OriginEdgeID = v
+		case "larder.l1-broadcast":
+			if cfg.L1Broadcast, err = strconv.ParseBool(v); err != nil {
+				return cfg, fmt.Errorf("larder: larder.l1-broadcast=%q: want true or false", v)
+			}
 		case "larder.l1":
 			if cfg.L1Bytes, err = bytesize.Parse(v); err != nil {
 				return cfg, fmt.Errorf("larder: larder.l1=%q: want a byte count such as 67108864 or 64MiB", v)

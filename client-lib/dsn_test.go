@@ -25,6 +25,7 @@ func TestDSNMistakes(t *testing.T) {
 		"larder.staleness=1000h":                               "more than 24h",
 		"larder.register-tag-sets=perhaps":                     "want true or false",
 		"larder.split-rows=perhaps":                            "want true or false",
+		"larder.l1-broadcast=perhaps":                          "want true or false",
 		"larder.staleness=-1s":                                 "positive duration",
 		"larder.node-cert=c.pem&larder.node-key=k":             "need larder.node-ca",
 		"larder.node-ca=" + filepath.Join(dir, "missing.pem"):  "cache-node TLS",
@@ -47,6 +48,9 @@ func TestDSNMistakes(t *testing.T) {
 	}
 	if cfg.NoRowSplit {
 		t.Error("the row split is off by default")
+	}
+	if cfg, err := ParseDSN(base + "&larder.l1-broadcast=true"); err != nil || !cfg.L1Broadcast {
+		t.Errorf("larder.l1-broadcast=true: %+v, %v", cfg.L1Broadcast, err)
 	}
 	if cfg, err := ParseDSN(base + "&larder.split-rows=false"); err != nil || !cfg.NoRowSplit {
 		t.Errorf("larder.split-rows=false: %+v, %v", cfg.NoRowSplit, err)

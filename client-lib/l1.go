@@ -24,6 +24,7 @@ func (c *Client) openL1() error {
 		Prefix:    c.cfg.Prefix,
 		Backend:   c.l1,
 		LoadLease: -1, // one process: its misses collapse in c.flight
+		Broadcast: c.cfg.L1Broadcast,
 		Log:       c.cfg.Log.With("cache", "l1"),
 	})
 	if err != nil {
