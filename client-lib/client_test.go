@@ -381,6 +381,31 @@ func TestSnapshotConsistencyReadsBeforePlacement(t *testing.T) {
 	}
 }
 
+// With its L1 on one broadcast subscription (larder.l1-broadcast), the
+// L1 receives every invalidation and drops those of groups it does not
+// hold: the history must hold as with a subscription per group, under
+// the same faults (the cache-node, the invalidator and NATS restart).
+func TestSnapshotConsistencyL1Broadcast(t *testing.T) {
+	var c *Client
+	violations, reads := transfersAndReadsWith(t, 8<<20, historyRun{client: func(t *testing.T, s *stack, l1 int64) *Client {
+		c = s.openWith(t, []string{s.node}, l1, true, func(cfg *Config) { cfg.L1Broadcast = true })
+		return c
+	}})
+	for i, v := range violations {
+		if i < 5 {
+			t.Log(v)
+		}
+	}
+	if len(violations) > 0 {
+		t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
+	}
+	if n := c.Stats().L1Hits.Load(); n == 0 {
+		t.Fatal("no L1 hit: the broadcast L1 went unchecked")
+	} else {
+		t.Logf("0 violations in %d read-only transactions, %d L1 hits", reads, n)
+	}
+}
+
 // TestSnapshotConsistencyL1WithAPeer: another application server's
 // results reach the client's L1 as the cache-node's hits, which the L1
 // then follows and serves at later timestamps (keepNodeHit): the history
