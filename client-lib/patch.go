@@ -295,11 +295,10 @@ type patchPlan struct {
 	// keys) rather than patched.
 	repair bool
 	args   []any
-	// n is the read's LIMIT and wide the LIMIT its query runs with when
-	// its membership is kept wide (quma.Repair.Wide): more rows than the
-	// read shows, so that rows leaving it are repaired too; both 0 when
-	// it is not.
-	n, wide int64
+	// wide is the LIMIT the read's query runs with when its membership
+	// is kept wide (quma.Repair.Wide): more rows than the read's LIMIT
+	// shows, so that rows leaving it are repaired too; 0 when it is not.
+	wide int64
 }
 
 // wideRows is the LIMIT a wide read of LIMIT n runs with: twice n, at
@@ -349,7 +348,7 @@ func (t *ROTx) planPatch(ctx context.Context, tpl *quma.Template, scope, sql str
 	p.repair = p.members != nil && len(p.members.absorbed) > 0
 	if r := s.Repair; r != nil && r.Wide != "" && len(args)+1 == r.KeyParam && p.zeroOffset() && !wideOffForTest {
 		if n := p.limit(); n > 0 {
-			p.n, p.wide = n, wideRows(n)
+			p.wide = wideRows(n)
 		}
 	}
 	return p
@@ -385,7 +384,7 @@ func (p *patchPlan) missLoad(sql string, args []any) (string, []any) {
 func (p *patchPlan) missed(res *Result) (*Result, *memberList) {
 	all := res
 	if p.wide > 0 {
-		res = firstRows(all, p.n)
+		res = firstRows(all, p.limit())
 	}
 	keys, ok := all.splitKeys(p.split)
 	if !ok {
@@ -458,14 +457,8 @@ func (p *patchPlan) repairedResult(res *Result) (*Result, *memberList, bool) {
 	rows := res.Rows
 	last := m.last
 	if m.full {
-		k := 0
-		for ; k < len(rows) && !repairIgnoresLastForTest; k++ {
-			if b, ok := res.boundAt(k, p.split.Repair.SortOutput); !ok || !b.atMost(m.last) {
-				break
-			}
-		}
 		if !repairIgnoresLastForTest {
-			rows = rows[:k]
+			rows = rows[:res.rowsAtMost(m.last, p.split.Repair.SortOutput)]
 		}
 		if n := p.limit(); n <= 0 || int64(len(rows)) < n {
 			return nil, nil, false
@@ -493,6 +486,18 @@ func (p *patchPlan) repairedResult(res *Result) (*Result, *memberList, bool) {
 	return out, &memberList{fields: known.Fields, keys: keys, bound: p.bound, full: full, last: last}, true
 }
 
+// rowsAtMost counts r's first rows whose column col sorts no later than
+// last (r sorted on it; a NULL or another type ends them).
+func (r *Result) rowsAtMost(last bound, col int) int {
+	k := 0
+	for ; k < len(r.Rows); k++ {
+		if b, ok := r.boundAt(k, col); !ok || !b.atMost(last) {
+			break
+		}
+	}
+	return k
+}
+
 // patchedResult takes the rows a patch read again by key (load): the
 // read's result, in the membership's order, or false when the query
 // must run. A carried membership may have lost rows at its front to the
@@ -515,10 +520,11 @@ func (p *patchPlan) patchedResult(fetched *Result) (*Result, bool) {
 }
 
 // fetchKeys are the keys a patch reads again: the membership's, or, for a
-// wide read that is not carried, the first n only (the rows it shows).
+// wide read that is not carried, as many as its LIMIT (the rows it
+// shows).
 func (p *patchPlan) fetchKeys() []int64 {
-	if p.n > 0 && !p.carried() && int64(len(p.members.keys)) > p.n {
-		return p.members.keys[:p.n]
+	if n := p.limit(); p.wide > 0 && !p.carried() && int64(len(p.members.keys)) > n {
+		return p.members.keys[:n]
 	}
 	return p.members.keys
 }
