@@ -343,13 +343,8 @@ func TestSnapshotConsistencyUnderConcurrentTransfers(t *testing.T) {
 			if broken && len(violations) == 0 {
 				t.Fatalf("a client that ignores validity intervals passed %d transactions: the checker cannot fail", reads)
 			}
-			if !broken && len(violations) > 0 {
-				for i, v := range violations {
-					if i < 5 {
-						t.Log(v)
-					}
-				}
-				t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
+			if !broken {
+				noViolations(t, violations, reads)
 			}
 			t.Logf("%d violations reported", len(violations))
 		})
@@ -366,14 +361,7 @@ func TestSnapshotConsistencyReadsBeforePlacement(t *testing.T) {
 		c = s.openWith(t, []string{s.node}, l1, true, func(cfg *Config) { cfg.FreshReadWait = -1 })
 		return c
 	}})
-	for i, v := range violations {
-		if i < 5 {
-			t.Log(v)
-		}
-	}
-	if len(violations) > 0 {
-		t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
-	}
+	noViolations(t, violations, reads)
 	if n := c.Stats().UnplacedReads.Load(); n == 0 {
 		t.Fatal("no read ran before its fresh snapshot was placed: that path went unchecked")
 	} else {
@@ -391,14 +379,7 @@ func TestSnapshotConsistencyL1Broadcast(t *testing.T) {
 		c = s.openWith(t, []string{s.node}, l1, true, func(cfg *Config) { cfg.L1Broadcast = true })
 		return c
 	}})
-	for i, v := range violations {
-		if i < 5 {
-			t.Log(v)
-		}
-	}
-	if len(violations) > 0 {
-		t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
-	}
+	noViolations(t, violations, reads)
 	if n := c.Stats().L1Hits.Load(); n == 0 {
 		t.Fatal("no L1 hit: the broadcast L1 went unchecked")
 	} else {
@@ -419,6 +400,18 @@ func TestSnapshotConsistencyL1WithAPeer(t *testing.T) {
 		},
 		peer: func(t *testing.T, s *stack) *Client { return s.client(t, 0) },
 	})
+	noViolations(t, violations, reads)
+	st := c.Stats()
+	if st.NodeHits.Load() == 0 || st.L1Hits.Load() == 0 {
+		t.Fatalf("%d node hits and %d L1 hits: the L1 fed by the node went unchecked", st.NodeHits.Load(), st.L1Hits.Load())
+	}
+	t.Logf("0 violations in %d read-only transactions; the L1 client: %d node hits, %d L1 hits", reads, st.NodeHits.Load(), st.L1Hits.Load())
+}
+
+// noViolations fails the test, logging the first five, when the history
+// check found violations in reads read-only transactions.
+func noViolations(t *testing.T, violations []history.Violation, reads int64) {
+	t.Helper()
 	for i, v := range violations {
 		if i < 5 {
 			t.Log(v)
@@ -427,11 +420,6 @@ func TestSnapshotConsistencyL1WithAPeer(t *testing.T) {
 	if len(violations) > 0 {
 		t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
 	}
-	st := c.Stats()
-	if st.NodeHits.Load() == 0 || st.L1Hits.Load() == 0 {
-		t.Fatalf("%d node hits and %d L1 hits: the L1 fed by the node went unchecked", st.NodeHits.Load(), st.L1Hits.Load())
-	}
-	t.Logf("0 violations in %d read-only transactions; the L1 client: %d node hits, %d L1 hits", reads, st.NodeHits.Load(), st.L1Hits.Load())
 }
 
 func transfersAndReads(t *testing.T, l1 int64) ([]history.Violation, int64) {

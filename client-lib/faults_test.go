@@ -91,13 +91,8 @@ func TestHistoryUnderFaults(t *testing.T) {
 					// with the stale version as the newest that answers.
 					t.Skipf("the broken run passed %d transactions under %s in this run: the schedule does not show the old bug reliably", reads, sc.name)
 				}
-				if !broken && len(violations) > 0 {
-					for i, v := range violations {
-						if i < 5 {
-							t.Log(v)
-						}
-					}
-					t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
+				if !broken {
+					noViolations(t, violations, reads)
 				}
 				t.Logf("%d violations reported in %d read-only transactions", len(violations), reads)
 			})

@@ -111,13 +111,8 @@ func TestSnapshotConsistencyThroughOrigin(t *testing.T) {
 			if broken && len(violations) == 0 {
 				t.Fatalf("a client that ignores validity intervals passed %d transactions: the checker cannot fail", reads)
 			}
-			if !broken && len(violations) > 0 {
-				for i, v := range violations {
-					if i < 5 {
-						t.Log(v)
-					}
-				}
-				t.Fatalf("%d violations in %d read-only transactions", len(violations), reads)
+			if !broken {
+				noViolations(t, violations, reads)
 			}
 			t.Logf("%d violations reported in %d read-only transactions", len(violations), reads)
 		})
