@@ -1,9 +1,7 @@
 package store
 
 import (
-	"container/list"
 	"context"
-	"sort"
 	"sync"
 
 	"github.com/larderdb/larder/internal/invalidation"
@@ -11,33 +9,63 @@ import (
 
 // Memory is the in-process backend (the embedded default): a hard byte
 // budget with LRU eviction of versions.
+//
+// It may hold millions of versions, each of which every garbage
+// collection marks: its bookkeeping is therefore intrusive (the LRU list,
+// a key's versions and the tag and table indexes are links inside the
+// versions and their dependencies, not list elements, slices and sets of
+// their own), so that a version is a handful of heap objects: itself, its
+// dependencies, its value, its key and its tags' names
+// (BenchmarkMemoryOverhead, objects/version).
 type Memory struct {
 	mu        sync.Mutex
 	budget    int64
 	used      int64
 	evictions int64
-	keys      map[string]*memEntry
-	lru       *list.List                          // of *memVersion, most recently used at the front
-	tags      map[string]map[*memVersion]struct{} // unsettled versions by tag
-	tables    map[string]map[*memVersion]struct{} // unsettled versions by table
-	closed    map[*memVersion]struct{}            // unsettled closed versions, for Settle
-	legacy    bool                                // OrderDependentForTest when made
+	keys      map[string]*memVersion // each key's newest version; older ones follow older
+	lruHead   *memVersion            // most recently used
+	lruTail   *memVersion            // least recently used, evicted first
+	// index holds the unsettled versions' dependencies by tag (byTag) and
+	// by table (byTable): the first of a list linked through memDep.link.
+	index     [2]map[string]*memDep
+	closed    map[*memVersion]struct{} // unsettled closed versions, for Settle
+	legacy    bool                     // OrderDependentForTest when made
 	nversions int64
 	ghosts    ghostSet
 	onRelease func(names []string)
 }
 
-type memEntry struct {
-	key      string
-	versions []*memVersion // by Snapshot, newest first
-}
+// The two indexes of Memory.index.
+const (
+	byTag = iota
+	byTable
+)
 
 type memVersion struct {
-	Version
-	entry   *memEntry
-	size    int64
-	elem    *list.Element
-	indexed bool // unsettled: in the tag and table indexes
+	Version        // Deps unused: see deps
+	key     string // the key's map entry's own string
+	deps    []memDep
+	older   *memVersion // the key's next version by Snapshot, newest first
+	// prev and next link the LRU list, newer towards lruHead.
+	prev, next *memVersion
+	size       int64
+	indexed    bool // unsettled: its deps are in the tag and table indexes
+}
+
+// memDep is one dependency of a version, linked into the index of its tag
+// and of its table while the version is unsettled.
+type memDep struct {
+	Dep
+	v    *memVersion
+	link [2]struct{ prev, next *memDep } // by byTag and byTable
+}
+
+// name is the dependency's name in index i.
+func (d *memDep) name(i int) string {
+	if i == byTag {
+		return d.Tag
+	}
+	return d.Table
 }
 
 // NewMemory returns a memory backend holding at most budget bytes.
@@ -47,10 +75,8 @@ type memVersion struct {
 func NewMemory(budget int64, onRelease func(names []string)) *Memory {
 	return &Memory{
 		budget:    budget,
-		keys:      map[string]*memEntry{},
-		lru:       list.New(),
-		tags:      map[string]map[*memVersion]struct{}{},
-		tables:    map[string]map[*memVersion]struct{}{},
+		keys:      map[string]*memVersion{},
+		index:     [2]map[string]*memDep{{}, {}},
 		closed:    map[*memVersion]struct{}{},
 		legacy:    OrderDependentForTest.Load(),
 		ghosts:    newGhostSet(1 << 16),
@@ -62,21 +88,21 @@ func NewMemory(budget int64, onRelease func(names []string)) *Memory {
 func (m *Memory) Lookup(_ context.Context, key []byte, tmin, tmax, watermark uint64) (Result, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e := m.keys[string(key)]
-	if e == nil {
+	head := m.keys[string(key)]
+	if head == nil {
 		if m.ghosts.has(string(key)) {
 			return Result{Miss: MissCapacity}, nil
 		}
 		return Result{Miss: MissCompulsory}, nil
 	}
 	miss := MissCompulsory
-	for _, v := range e.versions {
+	for v := head; v != nil; v = v.older {
 		if v.Pending {
 			continue
 		}
 		hi, open := servedHi(v.Hi, watermark, m.legacy)
 		if v.Lo <= tmax && hi > tmin && v.Lo < hi {
-			m.lru.MoveToFront(v.elem)
+			m.touch(v)
 			return Result{Miss: Hit, Lo: v.Lo, Hi: hi, Open: open, Snapshot: v.Snapshot, Value: v.Value, Absorbed: v.Absorbed}, nil
 		}
 		miss = classify(miss, v.Lo, hi, tmin, tmax)
@@ -115,7 +141,11 @@ func classify(miss MissClass, lo, hi, tmin, tmax uint64) MissClass {
 // Put implements Backend.
 func (m *Memory) Put(_ context.Context, key []byte, v *Version) error {
 	mv := &memVersion{Version: *v}
-	mv.Deps = append([]Dep(nil), v.Deps...)
+	mv.Version.Deps = nil
+	mv.deps = make([]memDep, len(v.Deps))
+	for i, d := range v.Deps {
+		mv.deps[i] = memDep{Dep: d, v: mv}
+	}
 	mv.Value = append([]byte(nil), v.Value...)
 	mv.size = v.Size(len(key))
 	if mv.size > m.budget {
@@ -123,30 +153,36 @@ func (m *Memory) Put(_ context.Context, key []byte, v *Version) error {
 	}
 	var released []string
 	m.mu.Lock()
-	e := m.keys[string(key)]
-	if e == nil {
-		e = &memEntry{key: string(key)}
-		m.keys[e.key] = e
-		m.ghosts.remove(e.key)
-	}
-	for _, have := range e.versions {
+	head := m.keys[string(key)]
+	for have := head; have != nil; have = have.older {
 		if have.Snapshot == v.Snapshot {
 			m.mu.Unlock()
 			return nil
 		}
 	}
-	mv.entry = e
-	i := sort.Search(len(e.versions), func(i int) bool { return e.versions[i].Snapshot < v.Snapshot })
-	e.versions = append(e.versions, nil)
-	copy(e.versions[i+1:], e.versions[i:])
-	e.versions[i] = mv
-	mv.elem = m.lru.PushFront(mv)
+	if head == nil {
+		mv.key = string(key)
+		m.ghosts.remove(mv.key)
+	} else {
+		mv.key = head.key
+	}
+	// Into the key's versions, newest first.
+	if head == nil || head.Snapshot < v.Snapshot {
+		mv.older = head
+		m.keys[mv.key] = mv
+	} else {
+		p := head
+		for p.older != nil && p.older.Snapshot > v.Snapshot {
+			p = p.older
+		}
+		mv.older, p.older = p.older, mv
+	}
+	m.pushFront(mv)
 	m.used += mv.size
 	m.nversions++
-	m.index(mv)
+	m.indexVersion(mv)
 	for m.used > m.budget {
-		victim := m.lru.Back().Value.(*memVersion)
-		released = m.remove(victim, released)
+		released = m.remove(m.lruTail, released)
 		m.evictions++
 	}
 	m.mu.Unlock()
@@ -157,13 +193,11 @@ func (m *Memory) Put(_ context.Context, key []byte, v *Version) error {
 // Confirm implements Backend.
 func (m *Memory) Confirm(_ context.Context, key []byte, snapshot, lo, hi uint64) error {
 	m.mu.Lock()
-	if e := m.keys[string(key)]; e != nil {
-		for _, v := range e.versions {
-			if v.Snapshot == snapshot {
-				v.Lo, v.Pending = lo, false
-				m.end(v, hi)
-				break
-			}
+	for v := m.keys[string(key)]; v != nil; v = v.older {
+		if v.Snapshot == snapshot {
+			v.Lo, v.Pending = lo, false
+			m.end(v, hi)
+			break
 		}
 	}
 	m.mu.Unlock()
@@ -178,24 +212,20 @@ func (m *Memory) Invalidate(_ context.Context, lsn uint64, changes []invalidatio
 	for i := range changes {
 		c := &changes[i]
 		if c.Flush {
-			for v := range m.tables[c.Tag] {
-				if v.Snapshot < lsn && (!m.legacy || v.Hi == Open) {
+			for d := m.index[byTable][c.Tag]; d != nil; d = d.link[byTable].next {
+				if v := d.v; v.Snapshot < lsn && (!m.legacy || v.Hi == Open) {
 					hit = append(hit, v)
 				}
 			}
 			continue
 		}
-		for v := range m.tags[c.Tag] {
+		for d := m.index[byTag][c.Tag]; d != nil; d = d.link[byTag].next {
+			v := d.v
 			if v.Snapshot >= lsn || (m.legacy && v.Hi != Open) {
 				continue
 			}
-			for _, d := range v.Deps {
-				if d.Tag == c.Tag && c.Hits(d.Reads, d.AllColumns) {
-					if !m.absorb(v, c) {
-						hit = append(hit, v)
-					}
-					break
-				}
+			if c.Hits(d.Reads, d.AllColumns) && !m.absorb(v, c) {
+				hit = append(hit, v)
 			}
 		}
 	}
@@ -234,8 +264,8 @@ func (m *Memory) absorb(v *memVersion, c *invalidation.Change) bool {
 func (m *Memory) EndOpen(_ context.Context, hi uint64) error {
 	var released []string
 	m.mu.Lock()
-	for _, e := range m.keys {
-		for _, v := range e.versions {
+	for _, head := range m.keys {
+		for v := head; v != nil; v = v.older {
 			if !m.legacy || v.Hi == Open {
 				v.Hi = min(v.Hi, hi)
 			}
@@ -272,9 +302,9 @@ func (m *Memory) Holds(_ context.Context, names []string) ([]bool, error) {
 	out := make([]bool, len(names))
 	for i, n := range names {
 		if t, ok := cutTable(n); ok {
-			out[i] = len(m.tables[t]) > 0
+			out[i] = m.index[byTable][t] != nil
 		} else {
-			out[i] = len(m.tags[n]) > 0
+			out[i] = m.index[byTag][n] != nil
 		}
 	}
 	return out, nil
@@ -301,29 +331,66 @@ func (m *Memory) end(v *memVersion, hi uint64) {
 	}
 }
 
-func (m *Memory) index(v *memVersion) {
+// indexVersion puts an unsettled version's dependencies into the indexes.
+func (m *Memory) indexVersion(v *memVersion) {
 	v.indexed = true
 	if v.Hi != Open {
 		m.closed[v] = struct{}{}
 	}
-	for _, d := range v.Deps {
-		addTo(m.tags, d.Tag, v)
-		addTo(m.tables, d.Table, v)
+	for i := range v.deps {
+		for idx := range m.index {
+			m.link(idx, &v.deps[i])
+		}
 	}
 }
 
+// unindex takes a version's dependencies out of the indexes (it is
+// settled, or gone), adding to released the names no version depends on
+// any more.
 func (m *Memory) unindex(v *memVersion, released []string) []string {
 	v.indexed = false
 	delete(m.closed, v)
-	for _, d := range v.Deps {
-		if removeFrom(m.tags, d.Tag, v) {
+	for i := range v.deps {
+		d := &v.deps[i]
+		if m.unlink(byTag, d) {
 			released = append(released, d.Tag)
 		}
-		if removeFrom(m.tables, d.Table, v) {
+		if m.unlink(byTable, d) {
 			released = append(released, TableName(d.Table))
 		}
 	}
 	return released
+}
+
+// link puts d first in its list of index idx.
+func (m *Memory) link(idx int, d *memDep) {
+	name := d.name(idx)
+	first := m.index[idx][name]
+	d.link[idx].prev, d.link[idx].next = nil, first
+	if first != nil {
+		first.link[idx].prev = d
+	}
+	m.index[idx][name] = d
+}
+
+// unlink takes d out of its list of index idx and reports whether the
+// list became empty.
+func (m *Memory) unlink(idx int, d *memDep) bool {
+	l := &d.link[idx]
+	if l.next != nil {
+		l.next.link[idx].prev = l.prev
+	}
+	empty := false
+	if l.prev != nil {
+		l.prev.link[idx].next = l.next
+	} else if l.next != nil {
+		m.index[idx][d.name(idx)] = l.next
+	} else {
+		delete(m.index[idx], d.name(idx))
+		empty = true
+	}
+	l.prev, l.next = nil, nil
+	return empty
 }
 
 // remove drops a version (eviction).
@@ -331,50 +398,66 @@ func (m *Memory) remove(v *memVersion, released []string) []string {
 	if v.indexed {
 		released = m.unindex(v, released)
 	}
-	m.lru.Remove(v.elem)
+	m.unlinkLRU(v)
 	m.used -= v.size
 	m.nversions--
-	e := v.entry
-	for i, x := range e.versions {
-		if x == v {
-			e.versions = append(e.versions[:i], e.versions[i+1:]...)
-			break
+	if head := m.keys[v.key]; head == v {
+		if v.older != nil {
+			m.keys[v.key] = v.older
+		} else {
+			delete(m.keys, v.key)
+			m.ghosts.add(v.key)
+		}
+	} else {
+		for p := head; p != nil; p = p.older {
+			if p.older == v {
+				p.older = v.older
+				break
+			}
 		}
 	}
-	if len(e.versions) == 0 {
-		delete(m.keys, e.key)
-		m.ghosts.add(e.key)
-	}
+	v.older = nil
 	return released
+}
+
+// pushFront makes v the most recently used version.
+func (m *Memory) pushFront(v *memVersion) {
+	v.prev, v.next = nil, m.lruHead
+	if m.lruHead != nil {
+		m.lruHead.prev = v
+	} else {
+		m.lruTail = v
+	}
+	m.lruHead = v
+}
+
+// unlinkLRU takes v out of the LRU list.
+func (m *Memory) unlinkLRU(v *memVersion) {
+	if v.prev != nil {
+		v.prev.next = v.next
+	} else {
+		m.lruHead = v.next
+	}
+	if v.next != nil {
+		v.next.prev = v.prev
+	} else {
+		m.lruTail = v.prev
+	}
+	v.prev, v.next = nil, nil
+}
+
+// touch makes a served version the most recently used.
+func (m *Memory) touch(v *memVersion) {
+	if m.lruHead != v {
+		m.unlinkLRU(v)
+		m.pushFront(v)
+	}
 }
 
 func (m *Memory) release(names []string) {
 	if len(names) > 0 && m.onRelease != nil {
 		m.onRelease(names)
 	}
-}
-
-func addTo(idx map[string]map[*memVersion]struct{}, name string, v *memVersion) {
-	set := idx[name]
-	if set == nil {
-		set = map[*memVersion]struct{}{}
-		idx[name] = set
-	}
-	set[v] = struct{}{}
-}
-
-// removeFrom reports whether the set became empty.
-func removeFrom(idx map[string]map[*memVersion]struct{}, name string, v *memVersion) bool {
-	set := idx[name]
-	if set == nil {
-		return false
-	}
-	delete(set, v)
-	if len(set) == 0 {
-		delete(idx, name)
-		return true
-	}
-	return false
 }
 
 // TableName is how Holds and release callbacks name a table.

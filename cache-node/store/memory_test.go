@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"math/rand"
 	"slices"
 	"testing"
 
@@ -111,5 +112,78 @@ func TestMemoryAbsorbs(t *testing.T) {
 	change(100, invalidation.Change{Rows: true, Keys: []string{"999"}})
 	if r := at("many", 105); r.Miss == store.Hit {
 		t.Fatalf("absorbing version served past %d keys: %+v", invalidation.MaxKeys, r)
+	}
+}
+
+// TestMemoryEvictsLeastRecentlyUsed checks eviction against a model: a
+// small budget, keys with several versions each (an evicted version may
+// be any of a key's: the newest, the oldest or one between), lookups that
+// make a version the most recently used, and the tag index (Holds) after
+// every operation. Each version is valid at its own snapshot only, so a
+// lookup there hits exactly when the model holds it.
+func TestMemoryEvictsLeastRecentlyUsed(t *testing.T) {
+	ctx := context.Background()
+	type held struct {
+		key  string
+		snap uint64
+		tag  string
+		size int64
+	}
+	for seed := int64(1); seed <= 10; seed++ {
+		r := rand.New(rand.NewSource(seed))
+		const budget = 8 << 10
+		m := store.NewMemory(budget, nil)
+		var lru []held // least recently used first
+		var used int64
+		tags := []string{"public.t(id)=1", "public.t(id)=2", "public.t(id)=3"}
+		for op := 0; op < 3000; op++ {
+			if r.Intn(3) > 0 || len(lru) == 0 {
+				key, snap := fmt.Sprintf("k%d", r.Intn(8)), uint64(10+r.Intn(200))
+				known := false
+				for _, h := range lru {
+					known = known || h.key == key && h.snap == snap
+				}
+				v := store.Version{Lo: snap, Hi: snap + 1, Snapshot: snap, Value: make([]byte, r.Intn(600)),
+					Deps: []store.Dep{{Tag: tags[r.Intn(len(tags))], Table: "public.t", AllColumns: true}}}
+				if err := m.Put(ctx, []byte(key), &v); err != nil {
+					t.Fatal(err)
+				}
+				if !known {
+					lru = append(lru, held{key, snap, v.Deps[0].Tag, v.Size(len(key))})
+					used += lru[len(lru)-1].size
+					for used > budget {
+						used -= lru[0].size
+						lru = lru[1:]
+					}
+				}
+			} else {
+				i := r.Intn(len(lru))
+				h := lru[i]
+				res, err := m.Lookup(ctx, []byte(h.key), h.snap, h.snap, store.Open)
+				if err != nil || res.Miss != store.Hit || res.Snapshot != h.snap {
+					t.Fatalf("seed %d op %d: %s@%d held by the model, looked up: %+v, %v", seed, op, h.key, h.snap, res, err)
+				}
+				lru = append(append(lru[:i:i], lru[i+1:]...), h)
+			}
+			st, _ := m.Stats(ctx)
+			if st.Versions != int64(len(lru)) || st.Bytes != used {
+				t.Fatalf("seed %d op %d: store holds %d versions in %d bytes, the model %d in %d", seed, op, st.Versions, st.Bytes, len(lru), used)
+			}
+			hs, _ := m.Holds(ctx, tags)
+			for i, tag := range tags {
+				want := false
+				for _, h := range lru {
+					want = want || h.tag == tag
+				}
+				if hs[i] != want {
+					t.Fatalf("seed %d op %d: Holds(%s) = %v, the model %v", seed, op, tag, hs[i], want)
+				}
+			}
+		}
+		for _, h := range lru { // every version the model holds, in the model's order
+			if res, _ := m.Lookup(ctx, []byte(h.key), h.snap, h.snap, store.Open); res.Miss != store.Hit {
+				t.Fatalf("seed %d: %s@%d held by the model, missed: %+v", seed, h.key, h.snap, res)
+			}
+		}
 	}
 }
