@@ -567,7 +567,15 @@ func (n *Node) Put(ctx context.Context, req PutRequest) (err error) {
 			}
 		}
 	}
-	v := store.Version{Lo: req.Snapshot, Hi: store.Open, Snapshot: req.Snapshot, Deps: req.Deps, Value: req.Value, Absorbs: req.Absorbs}
+	// The version names its tags with its groups' strings: one string a
+	// tag for all its versions, not one each (fewer objects on the heap
+	// for every collection to mark, in an L1 of millions of versions).
+	vdeps := make([]store.Dep, len(req.Deps))
+	for i, d := range req.Deps {
+		d.Tag = gs[2*i].name
+		vdeps[i] = d
+	}
+	v := store.Version{Lo: req.Snapshot, Hi: store.Open, Snapshot: req.Snapshot, Deps: vdeps, Value: req.Value, Absorbs: req.Absorbs}
 	if unconfirmed == 0 {
 		v.Lo, v.Hi = n.intervalLocked(req.Snapshot, gs, deps)
 	} else {
