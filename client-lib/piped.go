@@ -12,7 +12,10 @@ import (
 // A read-only transaction's first read that misses is sent with the
 // transaction's BEGIN, its snapshot import and its tables' locks and
 // storage check, in one round trip (a pipeline of extended-protocol
-// statements ending in one Sync) instead of two. The lock comes before the
+// statements ending in one Sync) instead of two. So is a later miss that
+// reads tables the transaction holds not yet, with their locks and check
+// (holdPiped), in a transaction begun at a pin: if that read fails, the
+// transaction begins again at the pin and the read runs the usual way. The lock comes before the
 // read in the pipeline, and the read's result is used only once the check
 // (read first) has passed, exactly as when the read follows in a second
 // round trip.
@@ -105,6 +108,97 @@ var errPipeAgain = errors.New("larder: the pipelined read failed; begin again wi
 // returns false when q cannot be pipelined on this connection (nothing
 // was sent).
 func (t *ROTx) beginPiped(ctx context.Context, snapshot string, plan *holdPlan, ts uint64, q *pipedRead) (bool, error) {
+	stmts := []string{beginReadOnly, setSnapshot + "'" + snapshot + "'"}
+	if plan != nil {
+		stmts = append(stmts, plan.statements()...)
+	}
+	p := t.pipeRead(ctx, stmts, q)
+	if !p.sent {
+		return false, nil
+	}
+	if p.stmtsFailed() {
+		// BEGIN, the import or the hold failed: as begin's own failure.
+		_ = t.closeConn(ctx)
+		if p.stale {
+			// A prepared statement was gone: begin again, the usual way.
+			return true, errPipeAgain
+		}
+		return true, p.err
+	}
+	if p.readFailed() {
+		// The read failed (its description may be stale) and aborted the
+		// transaction: no check can run in it (a storage that moved would
+		// take a second round trip). Again, the usual way, which holds and
+		// checks the tables anew.
+		_ = t.closeConn(ctx)
+		return true, errPipeAgain
+	}
+	if plan != nil {
+		if err := t.checkHeld(ctx, plan, p.results, ts); err != nil {
+			_ = t.closeConn(ctx)
+			return true, err
+		}
+	}
+	q.res, q.ran = p.res, true
+	return true, nil
+}
+
+// holdPiped holds the tables of plan (their lock and storage check) and
+// runs q's read in one round trip, in a transaction begun at a pin
+// already: a later miss that reads tables not held yet. It returns false
+// when q cannot be pipelined (nothing was sent), and errPipeAgain when the
+// pipelined read failed and aborted the transaction, which is to begin
+// again at its pin and read the usual way.
+func (t *ROTx) holdPiped(ctx context.Context, plan *holdPlan, ts uint64, q *pipedRead) (bool, error) {
+	p := t.pipeRead(ctx, plan.statements(), q)
+	if !p.sent {
+		return false, nil
+	}
+	if p.stmtsFailed() {
+		if p.stale {
+			return true, errPipeAgain
+		}
+		return true, p.err // as holdTables's own failure
+	}
+	if p.readFailed() {
+		return true, errPipeAgain
+	}
+	if err := t.checkHeld(ctx, plan, p.results, ts); err != nil {
+		return true, err
+	}
+	q.res, q.ran = p.res, true
+	return true, nil
+}
+
+// piped is what pipeRead sent and read.
+type piped struct {
+	sent    bool
+	n       int              // statements before the read
+	results []*pgconn.Result // theirs, up to the first that failed
+	res     *Result          // the read's, when it ran
+	readErr error            // the read's error
+	err     error            // the pipeline's
+	stale   bool             // a prepared statement or description was stale
+}
+
+// stmtsFailed: a statement before the read failed (or gave no answer).
+func (p *piped) stmtsFailed() bool {
+	if len(p.results) < p.n || (p.n > 0 && p.results[p.n-1].Err != nil) {
+		if p.err == nil {
+			p.err = errors.New("larder: the transaction's begin gave no answer")
+		}
+		return true
+	}
+	return false
+}
+
+// readFailed: the statements ran, the read did not.
+func (p *piped) readFailed() bool { return p.err != nil || p.readErr != nil || p.res == nil }
+
+// pipeRead sends stmts and q's read in one round trip (a pipeline ending
+// in one Sync), each statement prepared on the connection but a snapshot
+// import. A read that fails drops its description (it may be stale).
+func (t *ROTx) pipeRead(ctx context.Context, stmts []string, q *pipedRead) piped {
 	pc := pgxConnOf(t.conn)
 	epoch := t.c.epoch.Load()
 	set := preparedSetOf(pc, epoch, t.c.m)
@@ -119,16 +213,16 @@ func (t *ROTx) beginPiped(ctx context.Context, snapshot string, plan *holdPlan, 
 		// is replaced by the pipeline's own).
 		var err error
 		if sd, err = pc.PgConn().Prepare(ctx, "", q.sql, nil); err != nil {
-			return false, nil // the usual path reports it
+			return piped{} // the usual path reports it
 		}
 		t.c.descs.put(epoch, k, sd)
 	}
 	if len(sd.ParamOIDs) != len(q.args) {
-		return false, nil
+		return piped{}
 	}
 	var eqb pgx.ExtendedQueryBuilder
 	if err := eqb.Build(pc.TypeMap(), sd, q.args); err != nil {
-		return false, nil
+		return piped{}
 	}
 	resultFormats := eqb.ResultFormats
 	if t.sqlFormats {
@@ -136,10 +230,6 @@ func (t *ROTx) beginPiped(ctx context.Context, snapshot string, plan *holdPlan, 
 		for i, f := range sd.Fields {
 			resultFormats[i] = databaseSQLResultFormats[f.DataTypeOID]
 		}
-	}
-	stmts := []string{beginReadOnly, setSnapshot + "'" + snapshot + "'"}
-	if plan != nil {
-		stmts = append(stmts, plan.statements()...)
 	}
 	b := &pgconn.Batch{}
 	for _, s := range stmts {
@@ -154,59 +244,32 @@ func (t *ROTx) beginPiped(ctx context.Context, snapshot string, plan *holdPlan, 
 	} else {
 		b.ExecParams(q.sql, eqb.ParamValues, sd.ParamOIDs, eqb.ParamFormats, resultFormats)
 	}
+	p := piped{sent: true, n: len(stmts)}
 	mrr := pc.PgConn().ExecBatch(ctx, b)
-	var results []*pgconn.Result
-	var res *Result
-	var readErr error
 	for mrr.NextResult() {
 		rr := mrr.ResultReader()
-		if len(results) < len(stmts) {
+		if len(p.results) < len(stmts) {
 			r := rr.Read()
-			results = append(results, r)
+			p.results = append(p.results, r)
 			if r.Err != nil {
 				break
 			}
 			continue
 		}
-		res, readErr = readRaw(rr)
+		p.res, p.readErr = readRaw(rr)
 	}
-	err := mrr.Close()
-	stale := stalePrepared(err) || stalePrepared(readErr)
-	for _, r := range results {
-		stale = stale || stalePrepared(r.Err)
+	p.err = mrr.Close()
+	p.stale = stalePrepared(p.err) || stalePrepared(p.readErr)
+	for _, r := range p.results {
+		p.stale = p.stale || stalePrepared(r.Err)
 	}
-	if stale {
+	if p.stale {
 		set.drop(t.c.m)
 	}
-	if len(results) < len(stmts) || results[len(results)-1].Err != nil {
-		// BEGIN, the import or the hold failed: as begin's own failure.
-		_ = t.closeConn(ctx)
-		if err == nil {
-			err = errors.New("larder: the transaction's begin gave no answer")
-		}
-		if stale {
-			// A prepared statement was gone: begin again, the usual way.
-			return true, errPipeAgain
-		}
-		return true, err
-	}
-	if err != nil || readErr != nil || res == nil {
-		// The read failed (its description may be stale) and aborted the
-		// transaction: no check can run in it (a storage that moved would
-		// take a second round trip). Again, the usual way, which holds and
-		// checks the tables anew.
+	if !p.stmtsFailed() && p.readFailed() {
 		t.c.descs.drop(k)
-		_ = t.closeConn(ctx)
-		return true, errPipeAgain
 	}
-	if plan != nil {
-		if err := t.checkHeld(ctx, plan, results, ts); err != nil {
-			_ = t.closeConn(ctx)
-			return true, err
-		}
-	}
-	q.res, q.ran = res, true
-	return true, nil
+	return p
 }
 
 // readRaw drains a result reader into a Result.

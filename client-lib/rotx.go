@@ -818,8 +818,12 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	if members != nil {
 		loadSQL, loadArgs = patch.load()
 	}
+	// The read goes in the same round trip as the transaction's begin, or
+	// as the lock and check of tables it holds not yet (holdTables) in a
+	// transaction begun at a pin (which can begin again there if the read
+	// fails).
 	var piped *pipedRead
-	if !t.fixed && t.remote == nil && !t.fallback && pipeable(loadArgs) {
+	if t.remote == nil && !t.fallback && pipeable(loadArgs) && (!t.fixed || t.placing == nil && t.pin.SnapshotID != "") {
 		piped = &pipedRead{sql: loadSQL, args: loadArgs, scope: t.scope.key}
 		t.pipe = piped
 	}
@@ -1126,6 +1130,24 @@ func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
 		return nil
 	}
 	plan.unplaced = t.placing != nil
+	if q := t.pipe; q != nil && t.placing == nil && t.pin.SnapshotID != "" {
+		// The miss that needs these tables goes in the same round trip.
+		t.pipe = nil
+		sent, err := t.holdPiped(ctx, plan, ts, q)
+		if errors.Is(err, errPipeAgain) {
+			// The read failed and aborted the transaction: it begins
+			// again at its pin (the same snapshot), and the read runs
+			// the usual way.
+			_, err = t.beginAgainAtPin(ctx, tables)
+			return err
+		}
+		if sent {
+			if errors.Is(err, errRewritten) {
+				t.c.pins.dropThrough(ts)
+			}
+			return err
+		}
+	}
 	results, err := runPrepared(ctx, pgxConnOf(t.conn), t.c.epoch.Load(), t.c.m, plan.statements()...)
 	if stalePrepared(err) {
 		// PostgreSQL no longer had a statement the connection prepared,
