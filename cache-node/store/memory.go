@@ -14,9 +14,9 @@ import (
 // collection marks: its bookkeeping is therefore intrusive (the LRU list,
 // a key's versions and the tag and table indexes are links inside the
 // versions and their dependencies, not list elements, slices and sets of
-// their own), so that a version is a handful of heap objects: itself, its
-// dependencies, its value, its key and its tags' names
-// (BenchmarkMemoryOverhead, objects/version).
+// their own), so that a version is a handful of heap objects: itself
+// (with its dependency, when it has only one), its value, its key and its
+// tags' names (BenchmarkMemoryOverhead, objects/version).
 type Memory struct {
 	mu        sync.Mutex
 	budget    int64
@@ -50,6 +50,9 @@ type memVersion struct {
 	prev, next *memVersion
 	size       int64
 	indexed    bool // unsettled: its deps are in the tag and table indexes
+	// one holds deps when there is one (the common case): no heap object
+	// of their own.
+	one [1]memDep
 }
 
 // memDep is one dependency of a version, linked into the index of its tag
@@ -142,7 +145,11 @@ func classify(miss MissClass, lo, hi, tmin, tmax uint64) MissClass {
 func (m *Memory) Put(_ context.Context, key []byte, v *Version) error {
 	mv := &memVersion{Version: *v}
 	mv.Version.Deps = nil
-	mv.deps = make([]memDep, len(v.Deps))
+	if len(v.Deps) == 1 {
+		mv.deps = mv.one[:]
+	} else {
+		mv.deps = make([]memDep, len(v.Deps))
+	}
 	for i, d := range v.Deps {
 		mv.deps[i] = memDep{Dep: d, v: mv}
 	}
