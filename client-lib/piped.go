@@ -15,10 +15,10 @@ import (
 // statements ending in one Sync) instead of two. So is a later miss that
 // reads tables the transaction holds not yet, with their locks and check
 // (holdPiped), in a transaction begun at a pin: if that read fails, the
-// transaction begins again at the pin and the read runs the usual way. The lock comes before the
-// read in the pipeline, and the read's result is used only once the check
-// (read first) has passed, exactly as when the read follows in a second
-// round trip.
+// transaction begins again at the pin and the read runs the usual way.
+// The lock comes before the read in the pipeline, and the read's result
+// is used only once the check (read first) has passed, exactly as when
+// the read follows in a second round trip.
 //
 // The read runs as a statement the connection keeps prepared
 // (prepared.go), or, past the connection's bound, as an unnamed statement
@@ -106,7 +106,9 @@ var errPipeAgain = errors.New("larder: the pipelined read failed; begin again wi
 // tables' lock and check) and q's read in one round trip, each but the
 // import as a statement the connection keeps prepared (prepared.go). It
 // returns false when q cannot be pipelined on this connection (nothing
-// was sent).
+// was sent). Whatever failed, the transaction ends here: it holds locks,
+// and a later attempt begins anew (errPipeAgain: the usual way, which
+// holds and checks the tables anew).
 func (t *ROTx) beginPiped(ctx context.Context, snapshot string, plan *holdPlan, ts uint64, q *pipedRead) (bool, error) {
 	stmts := []string{beginReadOnly, setSnapshot + "'" + snapshot + "'"}
 	if plan != nil {
@@ -116,31 +118,11 @@ func (t *ROTx) beginPiped(ctx context.Context, snapshot string, plan *holdPlan, 
 	if !p.sent {
 		return false, nil
 	}
-	if p.stmtsFailed() {
-		// BEGIN, the import or the hold failed: as begin's own failure.
+	err := t.pipedOutcome(ctx, p, plan, ts, q)
+	if err != nil {
 		_ = t.closeConn(ctx)
-		if p.stale {
-			// A prepared statement was gone: begin again, the usual way.
-			return true, errPipeAgain
-		}
-		return true, p.err
 	}
-	if p.readFailed() {
-		// The read failed (its description may be stale) and aborted the
-		// transaction: no check can run in it (a storage that moved would
-		// take a second round trip). Again, the usual way, which holds and
-		// checks the tables anew.
-		_ = t.closeConn(ctx)
-		return true, errPipeAgain
-	}
-	if plan != nil {
-		if err := t.checkHeld(ctx, plan, p.results, ts); err != nil {
-			_ = t.closeConn(ctx)
-			return true, err
-		}
-	}
-	q.res, q.ran = p.res, true
-	return true, nil
+	return true, err
 }
 
 // holdPiped holds the tables of plan (their lock and storage check) and
@@ -154,20 +136,33 @@ func (t *ROTx) holdPiped(ctx context.Context, plan *holdPlan, ts uint64, q *pipe
 	if !p.sent {
 		return false, nil
 	}
+	return true, t.pipedOutcome(ctx, p, plan, ts, q)
+}
+
+// pipedOutcome reads what a pipeline sent (pipeRead) answered. A statement
+// before the read that failed is the pipeline's failure, or errPipeAgain
+// when a prepared statement was gone. A read that failed (its description
+// may be stale) aborted the transaction, so no check can run in it (a
+// storage that moved would take a second round trip): errPipeAgain. Else
+// the tables' check (plan, when there is one) decides whether q gets the
+// read's result.
+func (t *ROTx) pipedOutcome(ctx context.Context, p piped, plan *holdPlan, ts uint64, q *pipedRead) error {
 	if p.stmtsFailed() {
 		if p.stale {
-			return true, errPipeAgain
+			return errPipeAgain
 		}
-		return true, p.err // as holdTables's own failure
+		return p.err
 	}
 	if p.readFailed() {
-		return true, errPipeAgain
+		return errPipeAgain
 	}
-	if err := t.checkHeld(ctx, plan, p.results, ts); err != nil {
-		return true, err
+	if plan != nil {
+		if err := t.checkHeld(ctx, plan, p.results, ts); err != nil {
+			return err
+		}
 	}
 	q.res, q.ran = p.res, true
-	return true, nil
+	return nil
 }
 
 // piped is what pipeRead sent and read.
@@ -177,19 +172,13 @@ type piped struct {
 	results []*pgconn.Result // theirs, up to the first that failed
 	res     *Result          // the read's, when it ran
 	readErr error            // the read's error
-	err     error            // the pipeline's
+	err     error            // the pipeline's (or that a statement gave no answer)
 	stale   bool             // a prepared statement or description was stale
 }
 
 // stmtsFailed: a statement before the read failed (or gave no answer).
 func (p *piped) stmtsFailed() bool {
-	if len(p.results) < p.n || (p.n > 0 && p.results[p.n-1].Err != nil) {
-		if p.err == nil {
-			p.err = errors.New("larder: the transaction's begin gave no answer")
-		}
-		return true
-	}
-	return false
+	return len(p.results) < p.n || (p.n > 0 && p.results[p.n-1].Err != nil)
 }
 
 // readFailed: the statements ran, the read did not.
@@ -266,7 +255,12 @@ func (t *ROTx) pipeRead(ctx context.Context, stmts []string, q *pipedRead) piped
 	if p.stale {
 		set.drop(t.c.m)
 	}
-	if !p.stmtsFailed() && p.readFailed() {
+	switch {
+	case p.stmtsFailed():
+		if p.err == nil {
+			p.err = errors.New("larder: the transaction's begin gave no answer")
+		}
+	case p.readFailed():
 		t.c.descs.drop(k)
 	}
 	return p
