@@ -356,12 +356,7 @@ func TestSnapshotConsistencyUnderConcurrentTransfers(t *testing.T) {
 // before placement and through the caches after: the history must hold
 // as well.
 func TestSnapshotConsistencyReadsBeforePlacement(t *testing.T) {
-	var c *Client
-	violations, reads := transfersAndReadsWith(t, 8<<20, historyRun{client: func(t *testing.T, s *stack, l1 int64) *Client {
-		c = s.openWith(t, []string{s.node}, l1, true, func(cfg *Config) { cfg.FreshReadWait = -1 })
-		return c
-	}})
-	noViolations(t, violations, reads)
+	c, reads := historyWithConfig(t, func(cfg *Config) { cfg.FreshReadWait = -1 })
 	if n := c.Stats().UnplacedReads.Load(); n == 0 {
 		t.Fatal("no read ran before its fresh snapshot was placed: that path went unchecked")
 	} else {
@@ -374,17 +369,26 @@ func TestSnapshotConsistencyReadsBeforePlacement(t *testing.T) {
 // hold: the history must hold as with a subscription per group, under
 // the same faults (the cache-node, the invalidator and NATS restart).
 func TestSnapshotConsistencyL1Broadcast(t *testing.T) {
-	var c *Client
-	violations, reads := transfersAndReadsWith(t, 8<<20, historyRun{client: func(t *testing.T, s *stack, l1 int64) *Client {
-		c = s.openWith(t, []string{s.node}, l1, true, func(cfg *Config) { cfg.L1Broadcast = true })
-		return c
-	}})
-	noViolations(t, violations, reads)
+	c, reads := historyWithConfig(t, func(cfg *Config) { cfg.L1Broadcast = true })
 	if n := c.Stats().L1Hits.Load(); n == 0 {
 		t.Fatal("no L1 hit: the broadcast L1 went unchecked")
 	} else {
 		t.Logf("0 violations in %d read-only transactions, %d L1 hits", reads, n)
 	}
+}
+
+// historyWithConfig runs the history check (transfers under faults, an L1
+// of 8 MiB before the cache-node) with a client whose configuration
+// configure changes, fails on any violation, and returns the client and
+// the number of read-only transactions checked.
+func historyWithConfig(t *testing.T, configure func(*Config)) (*Client, int64) {
+	var c *Client
+	violations, reads := transfersAndReadsWith(t, 8<<20, historyRun{client: func(t *testing.T, s *stack, l1 int64) *Client {
+		c = s.openWith(t, []string{s.node}, l1, true, configure)
+		return c
+	}})
+	noViolations(t, violations, reads)
+	return c, reads
 }
 
 // TestSnapshotConsistencyL1WithAPeer: another application server's
