@@ -823,7 +823,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	// transaction begun at a pin (which can begin again there if the read
 	// fails).
 	var piped *pipedRead
-	if t.remote == nil && !t.fallback && pipeable(loadArgs) && (!t.fixed || t.placing == nil && t.pin.SnapshotID != "") {
+	if t.remote == nil && !t.fallback && pipeable(loadArgs) && (!t.fixed || t.atPin()) {
 		piped = &pipedRead{sql: loadSQL, args: loadArgs, scope: t.scope.key}
 		t.pipe = piped
 	}
@@ -1087,6 +1087,10 @@ func (t *ROTx) replan(ctx context.Context, sql string, args []any, tables []stri
 	return nil, fmt.Errorf("larder: a schema change replaced the statement's result type; retry the transaction: %w", ErrRetry)
 }
 
+// atPin reports whether the transaction runs at a pin, which it can begin
+// again at (beginAgainAtPin), rather than at a fresh snapshot.
+func (t *ROTx) atPin() bool { return t.placing == nil && t.pin.SnapshotID != "" }
+
 // beginAgainAtPin begins the transaction, which PostgreSQL aborted over a
 // statement cached on its connection, again at its pin (the same
 // snapshot), holding tables (counted in larder_client_plan_retries_total).
@@ -1130,7 +1134,7 @@ func (t *ROTx) holdTables(ctx context.Context, tables []string) error {
 		return nil
 	}
 	plan.unplaced = t.placing != nil
-	if q := t.pipe; q != nil && t.placing == nil && t.pin.SnapshotID != "" {
+	if q := t.pipe; q != nil && t.atPin() {
 		// The miss that needs these tables goes in the same round trip.
 		t.pipe = nil
 		sent, err := t.holdPiped(ctx, plan, ts, q)
