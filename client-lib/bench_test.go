@@ -26,12 +26,18 @@ func BenchmarkReadOnlyTransaction(b *testing.B) {
 	}
 	defer pool.Close()
 	b.Run("pgx", func(b *testing.B) {
+		cpu := pgCPU(b)
+		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			pgxReadBalance(ctx, b, pool, 1+i%accounts)
 		}
+		b.StopTimer()
+		reportPGCPU(b, cpu)
 	})
 	run := func(name string, c *Client) {
 		b.Run(name, func(b *testing.B) {
+			cpu := pgCPU(b)
+			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				tx, err := c.BeginRO(ctx, 0)
 				if err != nil {
@@ -43,6 +49,8 @@ func BenchmarkReadOnlyTransaction(b *testing.B) {
 				}
 				_ = tx.Commit(ctx)
 			}
+			b.StopTimer()
+			reportPGCPU(b, cpu)
 		})
 	}
 	run("larder-miss-no-cache", s.clientB(b, nil, 0))
