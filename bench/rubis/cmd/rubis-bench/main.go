@@ -127,7 +127,7 @@ func run() error {
 	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
 	duration := flag.Duration("duration", 30*time.Second, "measured time per run")
 	warmup := flag.Duration("warmup", 10*time.Second, "unmeasured run before each mode's measured runs, in every repeat (0: none)")
-	cacheWarmup := flag.Duration("cache-warmup", 0, "an extra unmeasured run of each cached mode before its first measured run, after which its caches approach a long-running deployment's steady state (compulsory misses mostly gone); the caches stay warm across repeats (0: none)")
+	cacheWarmup := flag.Duration("cache-warmup", 0, "an extra unmeasured run of each cached mode before the first measured run of any mode, after which its caches approach a long-running deployment's steady state (compulsory misses mostly gone); the caches stay warm across repeats (0: none)")
 	repeats := flag.Int("repeats", 1, "rounds: in each, every mode runs in turn (direct, larder, direct, larder, …)")
 	mix := flag.String("mix", "browsing", "bidding or browsing")
 	think := flag.Float64("think", 0, "think-time factor (0: peak runs)")
@@ -252,7 +252,7 @@ func run() error {
 	machine := fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode; "+
 		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v; NOW() in SQL: %v; L1 (modes with one): %d MiB; %s", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow, l1Bytes>>20, gcNote)
 	if *cacheWarmup > 0 {
-		machine += fmt.Sprintf("; the cached modes warmed up %s more before their first run", *cacheWarmup)
+		machine += fmt.Sprintf("; the cached modes warmed up %s more before the first measured run of any mode", *cacheWarmup)
 	}
 	if nowGranularity > 0 {
 		machine += fmt.Sprintf("; $now rounded to %s", nowGranularity)
@@ -284,16 +284,18 @@ func run() error {
 	}
 	rep := &report.Report{Mix: *mix, Scale: fmt.Sprintf("%s × %g (%d users, %d active items, %d old items)", *preset, *scale, size.Users, size.ActiveItems, size.OldItems),
 		Bound: *bound, Machine: machine}
-	// The modes take turns, so that a drift of the machine (another
-	// job, the data growing in the bidding mix) falls on all of them.
-	for round := 1; round <= *repeats; round++ {
-		for _, vr := range variants {
-			runs, err := b.measure(ctx, vr, round, *repeats)
-			if err != nil {
+	for _, st := range b.schedule(variants, *repeats) {
+		if st.cacheWarmup {
+			if err := b.warmCache(ctx, st.vr); err != nil {
 				return err
 			}
-			rep.Runs = append(rep.Runs, runs...)
+			continue
 		}
+		runs, err := b.measure(ctx, st.vr, st.round, *repeats)
+		if err != nil {
+			return err
+		}
+		rep.Runs = append(rep.Runs, runs...)
 	}
 	rep.Peaks = report.Peaks(rep.Runs, *bound)
 	if err := rep.Write(*out); err != nil {
@@ -320,6 +322,54 @@ func (b *bench) direct(mode string) bool {
 	return mode == "direct" || mode == "php-direct" || other
 }
 
+// step is one step of a benchmark: a variant's cache warm-up, or its
+// warm-up and measured runs in a round.
+type step struct {
+	vr          variant
+	round       int
+	cacheWarmup bool
+}
+
+// schedule orders the steps. The cached variants' cache warm-ups
+// (--cache-warmup) come before any measured run: their writes change the
+// database every mode then runs on (the bidding mix's tables grow), and
+// direct's first round must not run alone on the database as loaded.
+// Then the variants take turns, round after round, so that a drift of the
+// machine (another job, the data growing) falls on all of them.
+func (b *bench) schedule(variants []variant, repeats int) []step {
+	var steps []step
+	if b.cacheWarmup > 0 {
+		for _, vr := range variants {
+			if !b.direct(vr.mode) {
+				steps = append(steps, step{vr: vr, cacheWarmup: true})
+			}
+		}
+	}
+	for round := 1; round <= repeats; round++ {
+		for _, vr := range variants {
+			steps = append(steps, step{vr: vr, round: round})
+		}
+	}
+	return steps
+}
+
+// warmCache gives a cached variant's caches the extra unmeasured run of
+// --cache-warmup: a cache that has run for a while, whose first reads of
+// most keys (compulsory misses) are behind it, as in a deployment that
+// has served for longer than a benchmark run. The caches stay warm
+// across the variant's later runs.
+func (b *bench) warmCache(ctx context.Context, vr variant) error {
+	base, stop, err := b.serveMode(ctx, vr)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if _, _, err := k6(ctx, base, vr.label, b.vus[0], b.cacheWarmup, b.mix, b.think, b.size); err != nil {
+		return fmt.Errorf("cache warm-up of %s: %w", vr.label, err)
+	}
+	return nil
+}
+
 // measure serves the application in one variant, warms it up and runs it
 // at every client count.
 func (b *bench) measure(ctx context.Context, vr variant, round, repeats int) ([]report.Run, error) {
@@ -328,14 +378,6 @@ func (b *bench) measure(ctx context.Context, vr variant, round, repeats int) ([]
 		return nil, err
 	}
 	defer stop()
-	if round == 1 && b.cacheWarmup > 0 && !b.direct(vr.mode) {
-		// A cache that has run for a while: the first reads of most
-		// keys (compulsory misses) are behind it, as in a deployment
-		// that has served for longer than a benchmark run.
-		if _, _, err := k6(ctx, base, vr.label, b.vus[0], b.cacheWarmup, b.mix, b.think, b.size); err != nil {
-			return nil, fmt.Errorf("cache warm-up: %w", err)
-		}
-	}
 	if b.warmup > 0 {
 		// Unmeasured: every mode starts its measured runs warm (the node
 		// and L1s for the cached ones, PostgreSQL's buffers for all), not

@@ -2,9 +2,11 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	larder "github.com/larderdb/larder/client-lib"
 )
@@ -58,5 +60,28 @@ func TestWriteTemplates(t *testing.T) {
 	a := strings.Index(got, "| `SELECT a` | 7 | 4 / 0 | 1 / 2 / 0 | 0 / 1 / 0 / 0 | 0 / 0 / 0 / 0 |")
 	if a < 0 || b < 0 || b > a || strings.Contains(got, "idle") || !strings.Contains(got, "## repeat 1, local-only, 16 VUs") {
 		t.Fatalf("table:\n%s", got)
+	}
+}
+
+// The cached modes' cache warm-ups come before any measured run (their
+// writes precede every mode's runs alike); then the modes take turns.
+func TestScheduleWarmsCachesBeforeAnyMeasuredRun(t *testing.T) {
+	direct, local, larder := variant{mode: "direct", label: "direct"}, variant{mode: "local-only", label: "local-only"}, variant{mode: "larder", label: "larder"}
+	b := &bench{cacheWarmup: time.Minute}
+	var got []string
+	for _, st := range b.schedule([]variant{direct, local, larder}, 2) {
+		if st.cacheWarmup {
+			got = append(got, "warm "+st.vr.label)
+		} else {
+			got = append(got, fmt.Sprintf("%d %s", st.round, st.vr.label))
+		}
+	}
+	want := "warm local-only, warm larder, 1 direct, 1 local-only, 1 larder, 2 direct, 2 local-only, 2 larder"
+	if strings.Join(got, ", ") != want {
+		t.Fatalf("schedule %q, want %q", strings.Join(got, ", "), want)
+	}
+	b.cacheWarmup = 0
+	if steps := b.schedule([]variant{direct, local}, 1); len(steps) != 2 || steps[0].cacheWarmup || steps[1].cacheWarmup {
+		t.Fatalf("no cache warm-up asked: %+v", steps)
 	}
 }
