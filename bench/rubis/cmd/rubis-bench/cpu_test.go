@@ -1,16 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
+
+	"github.com/larderdb/larder/internal/proccpu"
 )
 
 // writeProc writes a fake /proc/<pid>/stat: utime, stime, cutime and
@@ -54,11 +52,11 @@ func TestCPUAttributesTheStacksProcessesOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	procs := readProcs(dir)
-	if len(procs) != 14 || procs[700].comm != "odd (name) x" || procs[700].ppid != 200 {
+	procs := proccpu.Read(dir)
+	if len(procs) != 14 || procs[700].Comm != "odd (name) x" || procs[700].PPID != 200 {
 		t.Fatalf("read %d processes: %+v", len(procs), procs[700])
 	}
-	got := attribute(procs, stackRoots(procs, 210, 200, 300))
+	got := proccpu.Attribute(procs, stackRoots(procs, 210, 200, 300))
 	want := map[string]float64{
 		"postgres": (10 + 10 + 500 + 100 + 200 + 50 + 30 + 20) / 100.0,
 		"nats":     (70 + 30) / 100.0,
@@ -76,101 +74,8 @@ func TestCPUAttributesTheStacksProcessesOnly(t *testing.T) {
 
 	// Without the stack's PIDs, nothing of the machine is counted but
 	// this process.
-	got = attribute(procs, stackRoots(procs, 0, 0, 300))
+	got = proccpu.Attribute(procs, stackRoots(procs, 0, 0, 300))
 	if len(got) != 1 || !near(got["app"], 5) {
 		t.Fatalf("no stack: %v", got)
-	}
-}
-
-// TestHelperBurn is not a test: run as a child process, it uses
-// RUBIS_BENCH_BURN seconds of CPU, then says "burnt" and, with
-// RUBIS_BENCH_HOLD set, stays alive until its standard input closes.
-func TestHelperBurn(t *testing.T) {
-	s := os.Getenv("RUBIS_BENCH_BURN")
-	if s == "" {
-		t.Skip("a helper process")
-	}
-	want, _ := strconv.ParseFloat(s, 64)
-	x := 1.0
-	for {
-		for i := 0; i < 1e6; i++ {
-			x = x*1.0000001 + 1e-9
-		}
-		b, err := os.ReadFile("/proc/self/stat")
-		if err != nil {
-			os.Exit(2)
-		}
-		if p, ok := parseStat(string(b)); ok && p.own >= want {
-			break
-		}
-	}
-	fmt.Println("burnt", x > 0)
-	if os.Getenv("RUBIS_BENCH_HOLD") != "" {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-	}
-	os.Exit(0)
-}
-
-// startHelper starts cmd and waits for its line saying "burnt" or
-// "reaped"; closing the returned writer lets it end.
-func startHelper(t *testing.T, cmd *exec.Cmd, word string) (*exec.Cmd, io.WriteCloser) {
-	t.Helper()
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.Close(); _ = cmd.Wait() })
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if strings.HasPrefix(sc.Text(), word) {
-			go func() { _, _ = io.Copy(io.Discard, out) }()
-			return cmd, in
-		}
-	}
-	t.Fatalf("%s never said %q", cmd.Path, word)
-	return nil, nil
-}
-
-// On the real /proc: a group's process that reaped a child which burnt
-// CPU (as the postmaster reaps its backends) counts that child's CPU; a
-// sibling process that burnt as much, outside the group, does not.
-func TestCPURealProcessTree(t *testing.T) {
-	if _, err := os.Stat("/proc/self/stat"); err != nil {
-		t.Skip("no /proc")
-	}
-	const burn = 0.3
-	env := append(os.Environ(), fmt.Sprintf("RUBIS_BENCH_BURN=%g", burn))
-	// The group's root: a shell that runs a burning child, reaps it, says
-	// so, then stays alive (its child cat waits for standard input).
-	grp := exec.Command("sh", "-c", `"$0" -test.run='^TestHelperBurn$' >/dev/null && echo reaped && cat`, os.Args[0])
-	grp.Env = env
-	startHelper(t, grp, "reaped")
-	sibling := exec.Command(os.Args[0], "-test.run=^TestHelperBurn$")
-	sibling.Env = append(env, "RUBIS_BENCH_HOLD=1")
-	startHelper(t, sibling, "burnt")
-
-	procs := readProcs("/proc")
-	me := procs[os.Getpid()]
-	if me.ppid != os.Getppid() || procs[sibling.Process.Pid].ppid != os.Getpid() || procs[grp.Process.Pid].ppid != os.Getpid() {
-		t.Fatalf("the tree as read: me %+v, sibling %+v, root %+v", me, procs[sibling.Process.Pid], procs[grp.Process.Pid])
-	}
-	if own := procs[sibling.Process.Pid].own; own < burn {
-		t.Fatalf("the sibling used %.2f s of CPU, want at least %.2f", own, burn)
-	}
-	got := attribute(procs, map[int]root{grp.Process.Pid: {group: "postgres"}, os.Getpid(): {group: "app", ownOnly: true}})
-	// The burner's CPU, and the shell's and cat's little; the sibling's
-	// would add as much again.
-	if got["postgres"] < burn || got["postgres"] >= 1.8*burn {
-		t.Errorf("the group used %.2f s of CPU, want the burner's %.2f and not the sibling's", got["postgres"], burn)
-	}
-	if !near(got["app"], me.own) {
-		t.Errorf("app %.2f s, want this process's own %.2f", got["app"], me.own)
 	}
 }

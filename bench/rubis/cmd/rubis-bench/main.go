@@ -57,6 +57,7 @@ import (
 	larder "github.com/larderdb/larder/client-lib"
 	"github.com/larderdb/larder/internal/bytesize"
 	"github.com/larderdb/larder/internal/pprofserve"
+	"github.com/larderdb/larder/internal/proccpu"
 )
 
 func main() {
@@ -224,7 +225,7 @@ func run() error {
 	} else {
 		b.meter.postmaster = postmaster
 		if b.meter.stack == 0 {
-			b.meter.stack = readProcs("/proc")[postmaster].ppid
+			b.meter.stack = proccpu.Read("/proc")[postmaster].PPID
 		}
 	}
 	pinned := "PostgreSQL not pinned"
@@ -749,15 +750,7 @@ func postmasterPID(ctx context.Context, pgURL string) (int, error) {
 	if err := conn.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir); err != nil {
 		return 0, err
 	}
-	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
-	if err != nil {
-		return 0, err
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
-	if err != nil || pid < 1 {
-		return 0, fmt.Errorf("%s/postmaster.pid: no PID", dataDir)
-	}
-	return pid, nil
+	return proccpu.PostmasterPID(dataDir)
 }
 
 // pinPostgres pins the postmaster and every backend to one core; backends
