@@ -448,7 +448,7 @@ func (a *analysis) repairOf(st *pg.SelectStmt, sc *scope, r *relRef, key string,
 		return nil
 	}
 	rp.KeyParam = a.numParams + 1
-	if rp.SQL = repairSQL(a.sql, r.alias, key, rp.KeyParam, rp.Limit > 0); rp.SQL == "" {
+	if rp.SQL = repairSQL(a.sql, r.alias, key, rp.KeyParam, rp.Limit > 0, fenceColumns(st, r, key)); rp.SQL == "" {
 		return nil
 	}
 	switch {
@@ -475,11 +475,26 @@ func paramUses(st *pg.SelectStmt, n int) int {
 	return uses
 }
 
-// repairSQL returns sql (one SELECT) with "AND ref.key = ANY($param)" in
-// its top WHERE, and without its LIMIT when dropLimit, deparsed; "" when
-// it cannot be rewritten.
-func repairSQL(sql, ref, key string, param int, dropLimit bool) string {
+// repairSQL returns sql (one SELECT) with its rows of ref narrowed to
+// "key = ANY($param)", and without its LIMIT when dropLimit, deparsed; ""
+// when it cannot be rewritten. With fence (ref's columns the statement
+// reads, in the table's order, fenceColumns), ref's table in the FROM
+// clause becomes "(SELECT <fence> FROM <table> WHERE key = ANY($param)
+// OFFSET 0) AS ref": the rows are found by key first, and only then
+// tested against the rest of the WHERE. Given the key condition beside
+// the others, PostgreSQL's planner combines the key's index with another
+// (a category's, thousands of entries) into a bitmap, which costs several
+// times the few rows' reads by key; the OFFSET 0 keeps the subquery whole.
+// Without fence (or when ref is not a plain table in the top FROM clause)
+// the condition "AND ref.key = ANY($param)" goes in the top WHERE.
+func repairSQL(sql, ref, key string, param int, dropLimit bool, fence []string) string {
 	return rewriteSelect(sql, func(sel *pg.SelectStmt) {
+		if dropLimit {
+			sel.LimitCount, sel.LimitOption = nil, pg.LimitOption_LIMIT_OPTION_DEFAULT
+		}
+		if len(fence) > 0 && fenceFrom(sel.GetFromClause(), ref, key, param, fence) {
+			return
+		}
 		byKey := pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP_ANY, []*pg.Node{pg.MakeStrNode("=")},
 			pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(ref), pg.MakeStrNode(key)}, -1),
 			pg.MakeParamRefNode(int32(param), -1), -1)
@@ -491,10 +506,86 @@ func repairSQL(sql, ref, key string, param int, dropLimit bool) string {
 		default:
 			sel.WhereClause = pg.MakeBoolExprNode(pg.BoolExprType_AND_EXPR, []*pg.Node{w, byKey}, -1)
 		}
-		if dropLimit {
-			sel.LimitCount, sel.LimitOption = nil, pg.LimitOption_LIMIT_OPTION_DEFAULT
-		}
 	})
+}
+
+// fenceFrom replaces the plain table referenced as ref among from (the
+// FROM clause's items and the operands of its joins) with the subquery
+// repairSQL describes, reporting whether it found one.
+func fenceFrom(from []*pg.Node, ref, key string, param int, cols []string) bool {
+	for _, n := range from {
+		if j := n.GetJoinExpr(); j != nil {
+			if fenceFrom([]*pg.Node{j.GetLarg(), j.GetRarg()}, ref, key, param, cols) {
+				return true
+			}
+			continue
+		}
+		rv := n.GetRangeVar()
+		if rv == nil {
+			continue
+		}
+		alias := rv.GetRelname()
+		if al := rv.GetAlias(); al != nil {
+			if len(al.GetColnames()) > 0 {
+				return false // columns renamed: the subquery would need them too
+			}
+			alias = al.GetAliasname()
+		}
+		if alias != ref {
+			continue
+		}
+		inner := &pg.RangeVar{Catalogname: rv.GetCatalogname(), Schemaname: rv.GetSchemaname(), Relname: rv.GetRelname(),
+			Inh: rv.GetInh(), Relpersistence: rv.GetRelpersistence(), Location: -1}
+		targets := make([]*pg.Node, len(cols))
+		for i, c := range cols {
+			targets[i] = pg.MakeResTargetNodeWithVal(pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(c)}, -1), -1)
+		}
+		sub := &pg.SelectStmt{
+			TargetList: targets,
+			FromClause: []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: inner}}},
+			WhereClause: pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP_ANY, []*pg.Node{pg.MakeStrNode("=")},
+				pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(key)}, -1), pg.MakeParamRefNode(int32(param), -1), -1),
+			LimitOffset: pg.MakeAConstIntNode(0, -1),
+			LimitOption: pg.LimitOption_LIMIT_OPTION_COUNT,
+			Op:          pg.SetOperation_SETOP_NONE,
+		}
+		n.Node = &pg.Node_RangeSubselect{RangeSubselect: &pg.RangeSubselect{
+			Subquery: &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: sub}},
+			Alias:    &pg.Alias{Aliasname: ref},
+		}}
+		return true
+	}
+	return false
+}
+
+// fenceColumns returns the columns of r that st reads, with key, in the
+// table's order (the subquery repairSQL puts in its place shows exactly
+// those, so that the statement needs no privilege the query does not),
+// or nil when r may not be put in a subquery: an unknown table, every
+// column or the whole row read (a whole-row value would change type), or
+// a column named with its schema (schema.table.column, which the
+// subquery's alias does not answer to).
+func fenceColumns(st *pg.SelectStmt, r *relRef, key string) []string {
+	if r.table == nil || r.all {
+		return nil
+	}
+	qualified := false
+	walk(st, func(m proto.Message) bool {
+		if cr, ok := m.(*pg.ColumnRef); ok && len(cr.GetFields()) > 2 {
+			qualified = true
+		}
+		return !qualified
+	})
+	if qualified {
+		return nil
+	}
+	var cols []string
+	for _, c := range r.table.Columns {
+		if r.reads[c.Name] || c.Name == key {
+			cols = append(cols, c.Name)
+		}
+	}
+	return cols
 }
 
 // wideSQL returns sql (one SELECT) with its LIMIT read from parameter

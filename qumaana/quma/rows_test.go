@@ -216,21 +216,28 @@ func (s *RowSplit) carry() *Carry {
 	return s.Carry
 }
 
-// Which split templates get a Repair, and its statement: the WHERE
-// narrowed to the keys ($ one past the last parameter).
+// Which split templates get a Repair, and its statement: the table's
+// rows narrowed to the keys ($ one past the last parameter) in a subquery
+// found by key first, or in the WHERE when the table cannot be put in
+// one.
 func TestRowSplitRepair(t *testing.T) {
 	for sql, want := range map[string]string{
 		"SELECT id, name, end_date FROM items WHERE category = $1 AND end_date >= $2 ORDER BY end_date LIMIT 20 OFFSET $3": `limit 20/$0 offset $3 sort 2 keys $4: ` +
-			"SELECT id, name, end_date FROM items WHERE category = $1 AND end_date >= $2 AND items.id = ANY($4) ORDER BY end_date OFFSET $3" +
+			"SELECT id, name, end_date FROM (SELECT id, name, category, end_date FROM items WHERE id = ANY($4) OFFSET 0) items WHERE category = $1 AND end_date >= $2 ORDER BY end_date OFFSET $3" +
 			" wide $4: SELECT id, name, end_date FROM items WHERE category = $1 AND end_date >= $2 ORDER BY end_date LIMIT $4 OFFSET $3",
 		"SELECT items.id, items.name, items.end_date FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 ORDER BY items.end_date LIMIT $3": `limit 0/$3 offset $0 sort 2 keys $4: ` +
-			"SELECT items.id, items.name, items.end_date FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 AND items.id = ANY($4) ORDER BY items.end_date LIMIT $3" +
+			"SELECT items.id, items.name, items.end_date FROM (SELECT id, name, category, seller, end_date FROM items WHERE id = ANY($4) OFFSET 0) items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 ORDER BY items.end_date LIMIT $3" +
 			" wide $3: SELECT items.id, items.name, items.end_date FROM items, users WHERE items.category = $1 AND items.seller = users.id AND users.region = $2 ORDER BY items.end_date LIMIT $3",
 		// No LIMIT: every row, in any order; one WHERE term or none.
 		"SELECT id, name FROM items i WHERE i.category = $1": `limit 0/$0 offset $0 sort -1 keys $2: ` +
-			"SELECT id, name FROM items i WHERE i.category = $1 AND i.id = ANY($2) wide $0: ",
+			"SELECT id, name FROM (SELECT id, name, category FROM items WHERE id = ANY($2) OFFSET 0) i WHERE i.category = $1 wide $0: ",
+		// In a join; every column read (no subquery: the WHERE narrows).
+		"SELECT i.id, i.name FROM users u JOIN items i ON i.seller = u.id WHERE i.category = $1 AND u.region = $2": `limit 0/$0 offset $0 sort -1 keys $3: ` +
+			"SELECT i.id, i.name FROM users u JOIN (SELECT id, name, category, seller FROM items WHERE id = ANY($3) OFFSET 0) i ON i.seller = u.id WHERE i.category = $1 AND u.region = $2 wide $0: ",
+		"SELECT * FROM items WHERE category = $1": `limit 0/$0 offset $0 sort -1 keys $2: ` +
+			"SELECT * FROM items WHERE category = $1 AND items.id = ANY($2) wide $0: ",
 		"SELECT id, name FROM items WHERE category = $1 OR qty > 3": `limit 0/$0 offset $0 sort -1 keys $2: ` +
-			"SELECT id, name FROM items WHERE (category = $1 OR qty > 3) AND items.id = ANY($2) wide $0: ",
+			"SELECT id, name FROM (SELECT id, name, category, qty FROM items WHERE id = ANY($2) OFFSET 0) items WHERE category = $1 OR qty > 3 wide $0: ",
 		// Not: the sort column not shown, descending, two sort columns,
 		// NULLS FIRST, no ORDER BY with a LIMIT, a literal offset, WITH
 		// TIES.
