@@ -129,7 +129,7 @@ func run() error {
 	duration := flag.Duration("duration", 30*time.Second, "measured time per run")
 	warmup := flag.Duration("warmup", 10*time.Second, "unmeasured run before each mode's measured runs, in every repeat (0: none)")
 	cacheWarmup := flag.Duration("cache-warmup", 0, "an extra unmeasured run of each cached mode before the first measured run of any mode, after which its caches approach a long-running deployment's steady state (compulsory misses mostly gone); the caches stay warm across repeats (0: none)")
-	repeats := flag.Int("repeats", 1, "rounds: in each, every mode runs in turn (direct, larder, direct, larder, …)")
+	repeats := flag.Int("repeats", 1, "rounds: in each, every mode runs in turn, each round starting one mode further on (direct, larder; larder, direct; …)")
 	mix := flag.String("mix", "browsing", "bidding or browsing")
 	think := flag.Float64("think", 0, "think-time factor (0: peak runs)")
 	preset := flag.String("preset", "txcache-memory", "data preset")
@@ -251,7 +251,7 @@ func run() error {
 		}
 	}
 	machine := fmt.Sprintf("%d CPUs; %s; staleness %s; think factor %g; %s per run after a %s warm-up per mode; "+
-		"%d repeat(s), the modes in turn; tag column sets registered by the clients: %v; NOW() in SQL: %v; L1 (modes with one): %d MiB; %s", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow, l1Bytes>>20, gcNote)
+		"%d repeat(s), the modes in turn, each round starting one further on; tag column sets registered by the clients: %v; NOW() in SQL: %v; L1 (modes with one): %d MiB; %s", runtime.NumCPU(), pinned, *stalenessList, *think, *duration, *warmup, *repeats, registerTagSets, sqlNow, l1Bytes>>20, gcNote)
 	if *cacheWarmup > 0 {
 		machine += fmt.Sprintf("; the cached modes warmed up %s more before the first measured run of any mode", *cacheWarmup)
 	}
@@ -336,7 +336,12 @@ type step struct {
 // database every mode then runs on (the bidding mix's tables grow), and
 // direct's first round must not run alone on the database as loaded.
 // Then the variants take turns, round after round, so that a drift of the
-// machine (another job, the data growing) falls on all of them.
+// machine (another job, the data growing) falls on all of them; each
+// round starts one variant further on (direct, larder, nocons; larder,
+// nocons, direct; …), so that no variant always runs first or always
+// follows the same one (a variant that runs first in a round finds the
+// writes of the last round's variants in its caches, and one that follows
+// another cached variant may find the entries it put in a shared node).
 func (b *bench) schedule(variants []variant, repeats int) []step {
 	var steps []step
 	if b.cacheWarmup > 0 {
@@ -347,7 +352,8 @@ func (b *bench) schedule(variants []variant, repeats int) []step {
 		}
 	}
 	for round := 1; round <= repeats; round++ {
-		for _, vr := range variants {
+		for i := range variants {
+			vr := variants[(i+round-1)%len(variants)]
 			steps = append(steps, step{vr: vr, round: round})
 		}
 	}

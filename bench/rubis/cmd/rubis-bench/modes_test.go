@@ -64,7 +64,8 @@ func TestWriteTemplates(t *testing.T) {
 }
 
 // The cached modes' cache warm-ups come before any measured run (their
-// writes precede every mode's runs alike); then the modes take turns.
+// writes precede every mode's runs alike); then the modes take turns,
+// each round starting one further on.
 func TestScheduleWarmsCachesBeforeAnyMeasuredRun(t *testing.T) {
 	direct, local, larder := variant{mode: "direct", label: "direct"}, variant{mode: "local-only", label: "local-only"}, variant{mode: "larder", label: "larder"}
 	b := &bench{cacheWarmup: time.Minute}
@@ -76,12 +77,33 @@ func TestScheduleWarmsCachesBeforeAnyMeasuredRun(t *testing.T) {
 			got = append(got, fmt.Sprintf("%d %s", st.round, st.vr.label))
 		}
 	}
-	want := "warm local-only, warm larder, 1 direct, 1 local-only, 1 larder, 2 direct, 2 local-only, 2 larder"
+	want := "warm local-only, warm larder, 1 direct, 1 local-only, 1 larder, 2 local-only, 2 larder, 2 direct"
 	if strings.Join(got, ", ") != want {
 		t.Fatalf("schedule %q, want %q", strings.Join(got, ", "), want)
 	}
 	b.cacheWarmup = 0
 	if steps := b.schedule([]variant{direct, local}, 1); len(steps) != 2 || steps[0].cacheWarmup || steps[1].cacheWarmup {
 		t.Fatalf("no cache warm-up asked: %+v", steps)
+	}
+	// Each round starts one variant further on: over as many rounds as
+	// variants, each runs first once and in every position once.
+	variants := []variant{direct, local, larder}
+	first := map[string]int{}
+	position := map[string]map[int]bool{}
+	var round int
+	for i, st := range b.schedule(variants, len(variants)) {
+		if st.round != round {
+			round = st.round
+			first[st.vr.label]++
+		}
+		if position[st.vr.label] == nil {
+			position[st.vr.label] = map[int]bool{}
+		}
+		position[st.vr.label][i%len(variants)] = true
+	}
+	for _, vr := range variants {
+		if first[vr.label] != 1 || len(position[vr.label]) != len(variants) {
+			t.Fatalf("%s: first in %d rounds, in positions %v: want first once and every position", vr.label, first[vr.label], position[vr.label])
+		}
 	}
 }
