@@ -339,9 +339,9 @@ type step struct {
 // machine (another job, the data growing) falls on all of them; each
 // round starts one variant further on (direct, larder, nocons; larder,
 // nocons, direct; …), so that no variant always runs first or always
-// follows the same one (a variant that runs first in a round finds the
-// writes of the last round's variants in its caches, and one that follows
-// another cached variant may find the entries it put in a shared node).
+// follows the same one (a cached variant that runs first meets a
+// cache-node only its own earlier runs warmed; one that follows another
+// meets the other's writes, and may share its node).
 func (b *bench) schedule(variants []variant, repeats int) []step {
 	var steps []step
 	if b.cacheWarmup > 0 {
