@@ -495,9 +495,7 @@ func repairSQL(sql, ref, key string, param int, dropLimit bool, fence []string) 
 		if len(fence) > 0 && fenceFrom(sel.GetFromClause(), ref, key, param, fence) {
 			return
 		}
-		byKey := pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP_ANY, []*pg.Node{pg.MakeStrNode("=")},
-			pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(ref), pg.MakeStrNode(key)}, -1),
-			pg.MakeParamRefNode(int32(param), -1), -1)
+		byKey := keyAny(param, ref, key)
 		switch w := sel.GetWhereClause(); {
 		case w == nil:
 			sel.WhereClause = byKey
@@ -507,6 +505,17 @@ func repairSQL(sql, ref, key string, param int, dropLimit bool, fence []string) 
 			sel.WhereClause = pg.MakeBoolExprNode(pg.BoolExprType_AND_EXPR, []*pg.Node{w, byKey}, -1)
 		}
 	})
+}
+
+// keyAny is the condition "<column> = ANY($param)", the column named by
+// its fields (a table's reference and the key, or the key alone).
+func keyAny(param int, column ...string) *pg.Node {
+	fields := make([]*pg.Node, len(column))
+	for i, f := range column {
+		fields[i] = pg.MakeStrNode(f)
+	}
+	return pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP_ANY, []*pg.Node{pg.MakeStrNode("=")},
+		pg.MakeColumnRefNode(fields, -1), pg.MakeParamRefNode(int32(param), -1), -1)
 }
 
 // fenceFrom replaces the plain table referenced as ref among from (the
@@ -541,10 +550,9 @@ func fenceFrom(from []*pg.Node, ref, key string, param int, cols []string) bool 
 			targets[i] = pg.MakeResTargetNodeWithVal(pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(c)}, -1), -1)
 		}
 		sub := &pg.SelectStmt{
-			TargetList: targets,
-			FromClause: []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: inner}}},
-			WhereClause: pg.MakeAExprNode(pg.A_Expr_Kind_AEXPR_OP_ANY, []*pg.Node{pg.MakeStrNode("=")},
-				pg.MakeColumnRefNode([]*pg.Node{pg.MakeStrNode(key)}, -1), pg.MakeParamRefNode(int32(param), -1), -1),
+			TargetList:  targets,
+			FromClause:  []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: inner}}},
+			WhereClause: keyAny(param, key),
 			LimitOffset: pg.MakeAConstIntNode(0, -1),
 			LimitOption: pg.LimitOption_LIMIT_OPTION_COUNT,
 			Op:          pg.SetOperation_SETOP_NONE,

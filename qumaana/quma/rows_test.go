@@ -231,7 +231,8 @@ func TestRowSplitRepair(t *testing.T) {
 		// No LIMIT: every row, in any order; one WHERE term or none.
 		"SELECT id, name FROM items i WHERE i.category = $1": `limit 0/$0 offset $0 sort -1 keys $2: ` +
 			"SELECT id, name FROM (SELECT id, name, category FROM items WHERE id = ANY($2) OFFSET 0) i WHERE i.category = $1 wide $0: ",
-		// In a join; every column read (no subquery: the WHERE narrows).
+		// In a join (a subquery too); every column read (no subquery: the
+		// WHERE narrows).
 		"SELECT i.id, i.name FROM users u JOIN items i ON i.seller = u.id WHERE i.category = $1 AND u.region = $2": `limit 0/$0 offset $0 sort -1 keys $3: ` +
 			"SELECT i.id, i.name FROM users u JOIN (SELECT id, name, category, seller FROM items WHERE id = ANY($3) OFFSET 0) i ON i.seller = u.id WHERE i.category = $1 AND u.region = $2 wide $0: ",
 		"SELECT * FROM items WHERE category = $1": `limit 0/$0 offset $0 sort -1 keys $2: ` +
