@@ -419,7 +419,11 @@ func (b *bench) measure(ctx context.Context, vr variant, round, repeats int) ([]
 		if tpl0 != nil {
 			writeTemplates(&b.templates, fmt.Sprintf("repeat %d, %s, %d VUs", round, vr.label, vus), tpl0, b.templateFigures(vr))
 		}
-		fmt.Printf("repeat %d/%d  %-20s %3d VUs: %7.0f requests/s, worst p90 %7.1f ms (%s)\n", round, repeats, vr.label, vus, r.Rate, r.WorstP90, r.Worst)
+		// The window in seconds since the process started, the clock of
+		// GODEBUG=gctrace=1's "gc N @Ts" lines: a collection of the
+		// application's heap inside a window shows there.
+		fmt.Printf("repeat %d/%d  %-20s %3d VUs: %7.0f requests/s, worst p90 %7.1f ms (%s); window %.0f-%.0f s since start\n", round, repeats, vr.label, vus, r.Rate, r.WorstP90, r.Worst,
+			start.Sub(processStart).Seconds(), time.Since(processStart).Seconds())
 		runs = append(runs, r)
 	}
 	return runs, nil
@@ -569,6 +573,10 @@ func openMode(mode, label string, env map[string]string) (*sql.DB, error) {
 
 // registerTagSets: the larder modes' clients register the QUMA file's tag
 // column sets with the invalidator (--register-tag-sets).
+// processStart is when the process started (near enough: its package
+// variables are set before main runs).
+var processStart = time.Now()
+
 var registerTagSets = true
 
 // splitRows: the larder modes' clients split results by rows (--split-rows).
