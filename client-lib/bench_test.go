@@ -2,6 +2,7 @@ package larder
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // BenchmarkReadOnlyTransaction: one read-only transaction reading one
@@ -37,6 +39,7 @@ func BenchmarkReadOnlyTransaction(b *testing.B) {
 	run := func(name string, c *Client) {
 		b.Run(name, func(b *testing.B) {
 			cpu := pgCPU(b)
+			taken := testutil.ToFloat64(c.m.parked.WithLabelValues("taken"))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				tx, err := c.BeginRO(ctx, 0)
@@ -51,11 +54,68 @@ func BenchmarkReadOnlyTransaction(b *testing.B) {
 			}
 			b.StopTimer()
 			reportPGCPU(b, cpu)
+			b.ReportMetric((testutil.ToFloat64(c.m.parked.WithLabelValues("taken"))-taken)/float64(b.N), "parked-taken/op")
 		})
 	}
+	// A miss begins on the transaction the one before it parked at the
+	// same pin (parked.go) when one is parked there; unparked, every miss
+	// imports the pin's snapshot.
 	run("larder-miss-no-cache", s.clientB(b, nil, 0))
+	run("larder-miss-unparked", s.openConfig(b, s.url, nil, 0, func(cfg *Config) { cfg.ParkIdle = -1 }))
 	run("larder-L1-hit", s.clientB(b, []string{s.node}, 8<<20))
 	run("larder-node-hit", s.clientB(b, []string{s.node}, 0))
+}
+
+// BenchmarkDatabaseSQLReadOnly: the miss path through database/sql, as an
+// application writes it: one read-only transaction (sql.TxOptions{ReadOnly:
+// true}) reading one row, on pgx's database/sql driver and on Larder's
+// with no cache at all (every read a miss), its transactions parked
+// (parked.go) and not, in the same run.
+func BenchmarkDatabaseSQLReadOnly(b *testing.B) {
+	s := startStackB(b)
+	ctx := context.Background()
+	run := func(name, driverName, dsn string) {
+		db, err := sql.Open(driverName, dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer db.Close()
+		if err := db.PingContext(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if driverName == DriverName {
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if cl := driverClient(dsn); cl != nil && len(cl.pins.candidates(time.Now().Add(-time.Minute), 0)) > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					b.Fatal("the driver's client saw no pin in 30 s")
+				}
+			}
+		}
+		b.Run(name, func(b *testing.B) {
+			cpu := pgCPU(b)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var bal int
+				if err := tx.QueryRowContext(ctx, readBalance, 1+i%accounts).Scan(&bal); err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			reportPGCPU(b, cpu)
+		})
+	}
+	run("pgx", "pgx", s.url)
+	run("larder-miss", DriverName, s.dsnWithoutNode(b))
+	run("larder-miss-unparked", DriverName, s.dsnWithoutNode(b, "larder.park-idle=0s"))
 }
 
 // BenchmarkL1Hit: one query answered from the L1 inside an open

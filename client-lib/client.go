@@ -119,6 +119,11 @@ type Config struct {
 	// millisecond on an idle database, a few to a dozen under load, the
 	// verify timeout when it is stuck.
 	FreshReadWait time.Duration
+	// ParkIdle is how long a read-only transaction of the client's pool
+	// that ran at a pin and only read cacheable templates stays open when
+	// it ends, for the next one at the same pin to begin on (default
+	// DefaultParkIdle; < 0: none parks). See parked.go.
+	ParkIdle time.Duration
 	// PinSilence: when the pincushion has announced no pin for this long
 	// (default DefaultPinSilence), it is taken not to be placing any (its
 	// invalidator is not replicating, NATS is away): a read-only
@@ -167,9 +172,12 @@ type Config struct {
 type Client struct {
 	cfg  Config
 	pool *pgxpool.Pool
-	held heldConns // the pool's connections acquired now
-	nc   *nats.Conn
-	pins *pinTracker
+	// parked: read-only transactions left open at their pins (parked.go);
+	// nil when parking is off.
+	parked *parkingLot
+	held   heldConns // the pool's connections acquired now
+	nc     *nats.Conn
+	pins   *pinTracker
 	// stalenessUsed is the largest staleness limit (nanoseconds) of the
 	// read-only transactions begun since the last staleness demand.
 	stalenessUsed atomic.Int64
@@ -257,6 +265,7 @@ func (c *Client) openPool(ctx context.Context, postgresURL string) error {
 		c.cancel()
 		return fmt.Errorf("larder: %w", err)
 	}
+	c.parked = newParkingLot(c.cfg.ParkIdle, pcfg.MaxConns, c.m.parked)
 	sq, err := loadScopeQuery(ctx, c.pool)
 	if err != nil {
 		c.Close()
@@ -607,6 +616,7 @@ func (c *Client) Close() {
 	}
 	c.placements.Wait() // their requests fail once NATS is closed
 	if c.pool != nil {
+		c.parked.close()
 		c.closePool()
 	}
 }

@@ -258,7 +258,18 @@ func (s *stack) clientB(b *testing.B, nodes []string, l1 int64) *Client {
 
 func (s *stack) open(t testing.TB, pgURL string, nodes []string, l1 int64) *Client {
 	t.Helper()
-	c, err := Open(context.Background(), Config{PostgresURL: pgURL, NATSURL: s.nats, Prefix: s.prefix, Nodes: nodes, QUMA: s.quma, Staleness: 3 * time.Second, L1Bytes: l1})
+	return s.openConfig(t, pgURL, nodes, l1, nil)
+}
+
+// openConfig opens a client as open does, with the config changed by
+// adjust (when not nil) first.
+func (s *stack) openConfig(t testing.TB, pgURL string, nodes []string, l1 int64, adjust func(*Config)) *Client {
+	t.Helper()
+	cfg := Config{PostgresURL: pgURL, NATSURL: s.nats, Prefix: s.prefix, Nodes: nodes, QUMA: s.quma, Staleness: 3 * time.Second, L1Bytes: l1}
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	c, err := Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,10 @@
 // qumaana computes for it. Every result therefore equals the result at one
 // snapshot. With no usable pin the transaction runs uncached on a fresh
 // snapshot (counted as a fallback). Read/write transactions (BeginRW) go
-// straight to PostgreSQL.
+// straight to PostgreSQL. A read-only transaction at a pin that ran only
+// cacheable reads stays open on its connection for Config.ParkIdle when it
+// ends, so that the next one at the same pin there begins on it without a
+// snapshot import (parked.go).
 //
 // Only PostgreSQL can make a transaction fail or wait long. Open needs
 // PostgreSQL alone: NATS, the invalidator's pins and tag sets and the

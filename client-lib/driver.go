@@ -45,7 +45,9 @@ func init() { sql.Register(DriverName, registered) }
 // prefix), and the failure bounds (Go durations, see Config):
 // larder.node-timeout, larder.node-backoff, larder.pin-verify-timeout,
 // larder.pin-silence, larder.fresh-read-wait (0s: reads at a fresh
-// snapshot do not wait for its placement); larder.clock-granularity (a Go duration, the width
+// snapshot do not wait for its placement), larder.park-idle (0s: no
+// read-only transaction stays open on its connection for the next one
+// at its pin; see Config.ParkIdle); larder.clock-granularity (a Go duration, the width
 // of the clock buckets of queries reading now(); 0s: such queries run
 // uncached; see Config.ClockGranularity); larder.register-tag-sets=false keeps the client
 // from registering the QUMA file's tag column sets with the invalidator
@@ -193,6 +195,15 @@ func ParseDSN(dsn string) (Config, error) {
 			if d == 0 {
 				cfg.FreshReadWait = -1
 			}
+		case "larder.park-idle":
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > 10*time.Second {
+				return cfg, fmt.Errorf("larder: larder.park-idle=%q: want a duration of at most 10s, such as 200ms (0s: no transaction parks)", v)
+			}
+			cfg.ParkIdle = d
+			if d == 0 {
+				cfg.ParkIdle = -1
+			}
 		case "larder.clock-granularity":
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 || d > 24*time.Hour {
@@ -294,7 +305,7 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 		_ = sc.Close()
 		return nil, err
 	}
-	return &conn{Conn: sc, c: cl, scope: scope, epoch: epoch}, nil
+	return &conn{Conn: sc, c: cl, scope: scope, epoch: epoch, park: newSessionPark(sc.Conn(), cl.cfg.ParkIdle, cl.m.parked)}, nil
 }
 
 // client returns the DSN's Client, shared by every connection of it.
@@ -368,6 +379,56 @@ type conn struct {
 	scope      sessionScope
 	scopeStale bool
 	epoch      uint64 // the client's keying epoch scope was read in
+	// park is the read-only transaction left open on the connection for
+	// the next one at its pin (parked.go); every other use ends it first
+	// (unpark). nil when parking is off.
+	park *sessionPark
+}
+
+// unpark ends the transaction parked on the connection, if any.
+func (c *conn) unpark(ctx context.Context) error {
+	if err := c.park.unpark(ctx); err != nil {
+		return driver.ErrBadConn
+	}
+	return nil
+}
+
+// Ping checks the connection (ending a parked transaction first).
+func (c *conn) Ping(ctx context.Context) error {
+	if err := c.unpark(ctx); err != nil {
+		return err
+	}
+	return c.Conn.Ping(ctx)
+}
+
+// ResetSession readies the connection for its next user: a parked
+// transaction stays for it (pgx's own check refuses a connection in a
+// transaction), and ends on its first use that is not a read-only
+// transaction at the same pin.
+func (c *conn) ResetSession(ctx context.Context) error {
+	parked, closed := false, false
+	c.park.locked(func() { parked, closed = c.park != nil && c.park.parked, c.Conn.Conn().IsClosed() })
+	if parked {
+		if closed {
+			return driver.ErrBadConn
+		}
+		return nil
+	}
+	return c.Conn.ResetSession(ctx)
+}
+
+// IsValid reports whether database/sql may keep the connection (after a
+// parked transaction's expiry under way, which may close it).
+func (c *conn) IsValid() bool {
+	valid := true
+	c.park.locked(func() { valid = !c.Conn.Conn().IsClosed() })
+	return valid
+}
+
+// Close closes the connection (PostgreSQL ends a parked transaction).
+func (c *conn) Close() error {
+	c.park.close()
+	return c.Conn.Close()
 }
 
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -375,6 +436,9 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		return nil, errors.New("larder: a transaction is already open on this connection")
 	}
 	if !opts.ReadOnly {
+		if err := c.unpark(ctx); err != nil {
+			return nil, err
+		}
 		tx, err := c.Conn.BeginTx(ctx, opts)
 		if err != nil {
 			return nil, err
@@ -384,6 +448,9 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		return &rwTx{Tx: tx, c: c, sess: sess}, nil
 	}
 	if epoch := c.c.epoch.Load(); c.scopeStale || epoch != c.epoch {
+		if err := c.unpark(ctx); err != nil {
+			return nil, err
+		}
 		scope, err := c.c.readScope(ctx, c.Conn.Conn())
 		if err != nil {
 			return nil, err
@@ -393,7 +460,7 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		c.c.stats.ScopeReads.Add(1)
 	}
 	staleness, _ := ctx.Value(stalenessKey{}).(time.Duration)
-	ro, err := c.c.beginRO(ctx, staleness, c.Conn.Conn(), c.scope)
+	ro, err := c.c.beginRO(ctx, staleness, c.Conn.Conn(), c.scope, c.park)
 	if err != nil {
 		return nil, err
 	}
@@ -432,6 +499,9 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 		}
 		return newCachedRows(rows, c.Conn.Conn().TypeMap()), nil
 	}
+	if err := c.unpark(ctx); err != nil {
+		return nil, err
+	}
 	pure, neutral := c.pureRead(query)
 	if !neutral {
 		c.scopeStale = true
@@ -449,6 +519,9 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	if c.ro != nil {
 		return nil, errors.New("larder: a read-only transaction cannot execute statements that write")
+	}
+	if err := c.unpark(ctx); err != nil {
+		return nil, err
 	}
 	pure, neutral := c.pureRead(query)
 	if !neutral {
@@ -487,6 +560,9 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 	if c.ro != nil {
 		return &stmt{c: c, query: query, numInput: -1}, nil
 	}
+	if err := c.unpark(ctx); err != nil {
+		return nil, err
+	}
 	ps, err := c.Conn.PrepareContext(ctx, query)
 	if err != nil {
 		return nil, err
@@ -504,6 +580,9 @@ type stmt struct {
 
 func (s *stmt) Close() error {
 	if s.ps != nil {
+		if err := s.c.unpark(context.Background()); err != nil {
+			return err
+		}
 		return s.ps.Close()
 	}
 	return nil

@@ -72,6 +72,20 @@ func TestDSNMistakes(t *testing.T) {
 			t.Errorf("larder.fresh-read-wait=%s: %v", v, err)
 		}
 	}
+	if cfg.ParkIdle != 0 {
+		t.Errorf("the DSN sets a park idle of %s by default (Open's default applies)", cfg.ParkIdle)
+	}
+	if cfg, err := ParseDSN(base + "&larder.park-idle=50ms"); err != nil || cfg.ParkIdle != 50*time.Millisecond {
+		t.Errorf("larder.park-idle=50ms: %s, %v", cfg.ParkIdle, err)
+	}
+	if cfg, err := ParseDSN(base + "&larder.park-idle=0s"); err != nil || cfg.ParkIdle >= 0 {
+		t.Errorf("larder.park-idle=0s (none parks): %s, %v", cfg.ParkIdle, err)
+	}
+	for _, v := range []string{"-1ms", "11s", "soon"} {
+		if _, err := ParseDSN(base + "&larder.park-idle=" + v); err == nil || !strings.Contains(err.Error(), "larder.park-idle") {
+			t.Errorf("larder.park-idle=%s: %v", v, err)
+		}
+	}
 }
 
 // The node and NATS credentials of a DSN become the client's TLS

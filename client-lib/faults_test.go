@@ -61,6 +61,8 @@ func TestHistoryUnderFaults(t *testing.T) {
 		{"l1-NATS-cut", l1NATSCutRun, func(on bool) { l1IgnoresWatermarkForTest = on }, true},
 		// The client does not narrow its candidates on hits (overlay_history_test.go).
 		{"overlay-kill-join", overlayRun, func(on bool) { skipNarrowForTest = on }, true},
+		// A transaction begins on one parked at another pin (parked.go).
+		{"parked", parkedRun, func(on bool) { parkAnyPinForTest = on }, true},
 	} {
 		for _, broken := range []bool{false, true} {
 			if broken && sc.broken == nil {

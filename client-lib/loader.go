@@ -120,7 +120,9 @@ func (l directLoader) BeginAt(ctx context.Context, req LoadRequest) (PinnedTx, e
 	if req.Scope != "" && req.Scope != scope.key {
 		return nil, fmt.Errorf("%w: the requester's session scope is not this client's", ErrLoaderUnavailable)
 	}
-	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), scope: scope, sqlFormats: req.SQLFormats, begun: time.Now()}
+	// An edge's statements are its own (tainted: the transaction does not
+	// park when it ends).
+	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), scope: scope, sqlFormats: req.SQLFormats, begun: time.Now(), tainted: true}
 	pin := invalidation.Pin{SnapshotID: req.Pin.SnapshotID, LSN: req.Pin.LSN, ServerStart: req.Pin.ServerStart}
 	if err := t.begin(ctx, pin, req.Tables); err != nil {
 		t.release()

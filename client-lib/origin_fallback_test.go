@@ -180,7 +180,7 @@ func TestOriginSessionTransactions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tx, err := c.beginRO(ctx, 3*time.Second, conn, scope)
+		tx, err := c.beginRO(ctx, 3*time.Second, conn, scope, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

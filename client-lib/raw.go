@@ -181,7 +181,7 @@ func (s *SessionConn) BeginRO(ctx context.Context, staleness time.Duration) (*Wi
 		return nil, err
 	}
 	ctx = WithSession(ctx, s.sess)
-	t, err := s.c.beginRO(ctx, staleness, s.conn, s.effectiveScope(s.scope))
+	t, err := s.c.beginRO(ctx, staleness, s.conn, s.effectiveScope(s.scope), nil)
 	if err != nil {
 		return nil, err
 	}

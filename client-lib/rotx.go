@@ -83,22 +83,30 @@ type ROTx struct {
 	// pipe is the read whose miss fixes the transaction: its begin sends
 	// it along (piped.go).
 	pipe *pipedRead
+	// park is the database/sql connection's parked transaction (session
+	// set; nil when parking is off).
+	park *sessionPark
+	// tainted: a statement ran that may leave something behind in the
+	// PostgreSQL transaction (not a cacheable template): it cannot park
+	// (parked.go).
+	tainted bool
 }
 
 // BeginRO starts a read-only transaction with a staleness limit (0: the
 // client's default).
 func (c *Client) BeginRO(ctx context.Context, staleness time.Duration) (*ROTx, error) {
-	return c.beginRO(ctx, staleness, nil, *c.poolScope.Load())
+	return c.beginRO(ctx, staleness, nil, *c.poolScope.Load(), nil)
 }
 
 // beginRO starts a read-only transaction on session (nil: the pool),
-// whose key scope is scope.
-func (c *Client) beginRO(ctx context.Context, staleness time.Duration, session *pgx.Conn, scope sessionScope) (*ROTx, error) {
+// whose key scope is scope and whose parked transaction is park (nil:
+// none parks there).
+func (c *Client) beginRO(ctx context.Context, staleness time.Duration, session *pgx.Conn, scope sessionScope, park *sessionPark) (*ROTx, error) {
 	if staleness <= 0 {
 		staleness = c.cfg.Staleness
 	}
 	c.noteStaleness(staleness)
-	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), session: session, scope: scope, begun: time.Now()}
+	t := &ROTx{c: c, m: c.maps.Get().(*pgxTypeMap), session: session, scope: scope, begun: time.Now(), park: park}
 	t.cands = c.pins.candidates(time.Now().Add(-staleness), c.minLSN(ctx))
 	if len(t.cands) == 0 {
 		// No pin fits: a snapshot taken now, placed by the pincushion
@@ -316,6 +324,12 @@ func (t *ROTx) begin(ctx context.Context, pin invalidation.Pin, tables []string)
 		}
 		sql += "; " + setSnapshot + "'" + snapshot + "'"
 	}
+	if snapshot != "" {
+		// A transaction parked at the pin (same server run) begins it.
+		if ok, err := t.beginParked(ctx, pin, tables); ok {
+			return err
+		}
+	}
 	if err := t.acquire(ctx); err != nil {
 		return err
 	}
@@ -371,6 +385,11 @@ func (t *ROTx) begin(ctx context.Context, pin invalidation.Pin, tables []string)
 // or one from the client's pool.
 func (t *ROTx) acquire(ctx context.Context) error {
 	if t.session != nil {
+		// A transaction parked on the connection ends first (one at the
+		// pin this one begins at was taken already: beginParked).
+		if err := t.park.unpark(ctx); err != nil {
+			return err
+		}
 		t.conn = t.session
 		return nil
 	}
@@ -618,6 +637,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 		return t.onDBUncached(ctx, sql, args)
 	}
 	if t.scope.temp || t.scope.uncached != "" {
+		t.tainted = true
 		reason := t.scope.uncached
 		if t.scope.temp {
 			reason = "the session has temporary tables"
@@ -632,6 +652,7 @@ func (t *ROTx) query(ctx context.Context, sql string, args []any) (*Result, erro
 	k := t.c.keying.Load()
 	tpl, err := k.analyzer(t.scope.path).Prepare(sql)
 	if err != nil || !tpl.Cacheable {
+		t.tainted = true
 		t.c.stats.Uncacheable.Add(1)
 		reason := "unparsable"
 		var tables []string
@@ -1046,6 +1067,7 @@ func (t *ROTx) onDB(ctx context.Context, sql string, args []any) (*Result, error
 		return t.remote.Query(ctx, sql, args)
 	}
 	if w, ok := wireOf(args); ok { // a statement as a client sent it (raw.go)
+		t.tainted = true
 		return w.run(ctx, pgConnOf(t.conn))
 	}
 	if t.sqlFormats {
@@ -1250,6 +1272,19 @@ func (t *ROTx) finish(ctx context.Context) error {
 	// A placement under way goes on: its answer, or its lack of one in
 	// time, tells later transactions whether the pincushion is placing.
 	t.placing = nil
+	if t.session != nil && t.parkable() {
+		// Left open on the database/sql connection (parked.go).
+		t.park.park(t.pin, t.held)
+		t.conn, t.held = nil, nil
+		t.release()
+		return nil
+	}
+	if t.session == nil && t.parkable() && t.c.parked.park(parkedTx{conn: t.pooled, pin: t.pin, scope: t.scope.key, held: t.held}) {
+		// Left open for the next transaction at the pin (parked.go).
+		t.pooled, t.conn, t.held = nil, nil, nil
+		t.release()
+		return nil
+	}
 	if t.pooled != nil && t.remote == nil {
 		// A pooled connection's ROLLBACK is off the caller's path: the
 		// transaction only read, so nothing waits on its outcome; the

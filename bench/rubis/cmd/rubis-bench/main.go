@@ -146,6 +146,7 @@ func run() error {
 	flag.BoolVar(&sqlNow, "sql-now", false, "the application's time-dependent reads use RUBiS's original end_date >= NOW() (cached per clock bucket by Larder) instead of a $now parameter it rounds to a minute itself")
 	flag.BoolVar(&splitRows, "split-rows", true, "the clients split results by rows (larder.split-rows; false: every result's tags stay whole, so any change to an item of a search page's category ends the page)")
 	flag.StringVar(&freshReadWait, "fresh-read-wait", "", "how long the larder modes' reads wait for their fresh snapshot to be placed (larder.fresh-read-wait: a Go duration, 0s for no wait; empty: the client's default, 50ms)")
+	flag.StringVar(&parkIdle, "park-idle", "", "how long the larder modes' read-only transactions stay open on their connections for the next one at the same pin (larder.park-idle: a Go duration, 0s for none; empty: the client's default, 200ms)")
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	l1 := flag.String("l1", "256MiB", "the L1 of the modes with one (larder-l1, local-only, php-larder-l1): bytes, with an optional KiB, MiB or GiB suffix")
 	gogc := flag.Int("gogc", 400, "the application process's GOGC, every mode alike (its L1 is a large long-lived heap, which the collector marks again in every cycle; 0: Go's default or the GOGC variable)")
@@ -587,6 +588,10 @@ var splitRows = true
 // the client's default).
 var freshReadWait string
 
+// parkIdle: how long the larder modes' read-only transactions stay parked
+// (--park-idle, larder.park-idle; "": the client's default).
+var parkIdle string
+
 // sqlNow: the application runs RUBiS's original NOW() SQL (--sql-now).
 var sqlNow bool
 
@@ -615,6 +620,9 @@ func modeDSN(mode, label string, env map[string]string) string {
 	}
 	if freshReadWait != "" {
 		q.Set("larder.fresh-read-wait", freshReadWait)
+	}
+	if parkIdle != "" {
+		q.Set("larder.park-idle", parkIdle)
 	}
 	switch mode {
 	case "larder", "larder-client-ryw", "larder-functions":

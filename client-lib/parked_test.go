@@ -1,0 +1,294 @@
+package larder
+
+import (
+	"context"
+	"database/sql"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// parkedRun: the readers' misses begin on the transaction a miss before
+// them parked at the same pin (parked.go) when there is one. The default
+// faults restart the invalidator (dropping every pin) under parked
+// transactions.
+func parkedRun(t *testing.T) historyRun {
+	return historyRun{client: func(t *testing.T, s *stack, l1 int64) *Client {
+		c := s.client(t, l1)
+		t.Cleanup(func() { // before the client closes
+			if n := testutil.ToFloat64(c.m.parked.WithLabelValues("taken")); n == 0 {
+				t.Error("no transaction began on a parked one: parking went unchecked")
+			} else {
+				t.Logf("%v transactions began on a parked one", n)
+			}
+		})
+		return c
+	}}
+}
+
+// readSetting reads the transaction setting larder.test (” when unset)
+// in a read-only transaction of c.
+func readSetting(t *testing.T, ctx context.Context, c *Client) string {
+	t.Helper()
+	tx, err := c.BeginRO(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Commit(ctx)
+	var v string
+	if err := tx.QueryRow(ctx, "SELECT coalesce(current_setting('larder.test', true), '')", nil, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestParkedTransactionLeavesNothingBehind: a transaction that ran a
+// statement other than a cacheable read (here set_config, local to the
+// transaction) does not park, so the next transaction at its pin does not
+// see its setting. The first half shows that a transaction that only read
+// does park and the next one begins on it, so the second half's check
+// can fail.
+func TestParkedTransactionLeavesNothingBehind(t *testing.T) {
+	s := startStack(t)
+	c := s.client(t, 0)
+	ctx := context.Background()
+	taken := c.m.parked.WithLabelValues("taken")
+	for try := 0; testutil.ToFloat64(taken) == 0; try++ {
+		if try == 50 {
+			t.Fatal("in 50 tries, no transaction began on the one before it, parked at the same pin")
+		}
+		if got := readInt(t, ctx, c, 0, readBalance, 1); got != 100 {
+			t.Fatalf("balance %d, want 100", got)
+		}
+		if v := readSetting(t, ctx, c); v != "" {
+			t.Fatalf("larder.test = %q before anything set it", v)
+		}
+	}
+	before := testutil.ToFloat64(c.m.parked.WithLabelValues("parked"))
+	for try := 0; try < 20; try++ {
+		tx, err := c.BeginRO(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var set string
+		if err := tx.QueryRow(ctx, "SELECT set_config('larder.test', 'leaked', true)", nil, &set); err != nil {
+			t.Fatal(err)
+		}
+		var bal int
+		if err := tx.QueryRow(ctx, readBalance, []any{1}, &bal); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if v := readSetting(t, ctx, c); v != "" {
+			t.Fatalf("try %d: the next transaction sees larder.test = %q, set in the one before", try, v)
+		}
+	}
+	if n := testutil.ToFloat64(c.m.parked.WithLabelValues("parked")) - before; n != 0 {
+		t.Fatalf("%v transactions that ran set_config parked", n)
+	}
+}
+
+// TestParkedTransactionLetsLocksThrough: a parked transaction holds its
+// tables' ACCESS SHARE locks only until it expires (ParkIdle): an ACCESS
+// EXCLUSIVE lock (TRUNCATE's, ALTER TABLE's) waits for it, then goes
+// through, and reads after it are right.
+func TestParkedTransactionLetsLocksThrough(t *testing.T) {
+	s := startStack(t)
+	c := s.client(t, 0)
+	ctx := context.Background()
+	if got := readInt(t, ctx, c, 0, readBalance, 2); got != 100 {
+		t.Fatalf("balance %d, want 100", got)
+	}
+	if n := testutil.ToFloat64(c.m.parked.WithLabelValues("parked")); n != 1 {
+		t.Fatalf("%v transactions parked, want 1", n)
+	}
+	// Without the expiry the lock would wait for the client to close.
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	tx, err := s.conn.Begin(lctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(lctx, "LOCK TABLE accounts IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatalf("ACCESS EXCLUSIVE after a transaction parked: %v", err)
+	}
+	if _, err := tx.Exec(lctx, "UPDATE accounts SET balance = 90 WHERE id = 2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(lctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(c.m.parked.WithLabelValues("expired")); n != 1 {
+		t.Fatalf("%v parked transactions expired, want 1", n)
+	}
+	// A read that needs the update waits for a pin after it.
+	for deadline := time.Now().Add(10 * time.Second); readInt(t, ctx, c, 0, readBalance, 2) != 90; {
+		if time.Now().After(deadline) {
+			t.Fatal("no read saw the update in 10 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestParkedConnectionDied: a parked transaction whose connection
+// PostgreSQL ended (an administrator, idle_in_transaction_session_timeout)
+// is given up when a later transaction takes it; that one begins anew
+// and reads right.
+func TestParkedConnectionDied(t *testing.T) {
+	s := startStack(t)
+	c := s.open(t, s.url, nil, 0) // no cache-node: every read runs on PostgreSQL
+	ctx := context.Background()
+	failed := c.m.parked.WithLabelValues("failed")
+	for try := 0; testutil.ToFloat64(failed) == 0; try++ {
+		if try == 50 {
+			t.Fatal("in 50 tries, no transaction took the one parked before it")
+		}
+		if got := readInt(t, ctx, c, 0, readBalance, 3); got != 100 {
+			t.Fatalf("balance %d, want 100", got)
+		}
+		c.parked.mu.Lock()
+		var pids []uint32
+		for _, p := range c.parked.txs {
+			pids = append(pids, p.conn.Conn().PgConn().PID())
+		}
+		c.parked.mu.Unlock()
+		for _, pid := range pids {
+			if _, err := s.conn.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(pid)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := readInt(t, ctx, c, 0, readBalance, 4); got != 100 {
+			t.Fatalf("balance %d after the parked connection died, want 100", got)
+		}
+	}
+}
+
+// dsnWithoutNode is the stack's larder DSN with no cache-node (and no
+// L1): every read of a read-only transaction runs on PostgreSQL.
+func (s *stack) dsnWithoutNode(t testing.TB, extra ...string) string {
+	t.Helper()
+	u, err := url.Parse(s.dsn(extra...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Del("larder.nodes")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// TestParkedDatabaseSQLConnection: through database/sql, on one
+// connection, a read-only transaction parks on it and the next one at
+// the same pin begins on it; whatever else runs on the connection next
+// (an autocommitted statement, a read/write transaction) runs outside it;
+// and it lets an ACCESS EXCLUSIVE lock through once it expires.
+func TestParkedDatabaseSQLConnection(t *testing.T) {
+	s := startStack(t)
+	ctx := context.Background()
+	dsn := s.dsnWithoutNode(t)
+	db := openDB(t, DriverName, dsn)
+	db.SetMaxOpenConns(1)
+	if err := db.PingContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var cl *Client
+	for deadline := time.Now().Add(30 * time.Second); cl == nil || len(cl.pins.candidates(time.Now().Add(-time.Minute), 0)) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the driver's client saw no pin in 30 s")
+		}
+		cl = driverClient(dsn)
+	}
+	readRO := func(id int) int {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Commit()
+		var bal int
+		if err := tx.QueryRowContext(ctx, readBalance, id).Scan(&bal); err != nil {
+			t.Fatal(err)
+		}
+		return bal
+	}
+	taken := cl.m.parked.WithLabelValues("taken")
+	for try := 0; testutil.ToFloat64(taken) == 0; try++ {
+		if try == 50 {
+			t.Fatal("in 50 tries, no read-only transaction began on the one parked before it on the connection")
+		}
+		if got := readRO(1 + try%accounts); got != 100 {
+			t.Fatalf("balance %d, want 100", got)
+		}
+		if got := readRO(1 + (try+1)%accounts); got != 100 {
+			t.Fatalf("balance %d, want 100", got)
+		}
+	}
+	// An autocommitted statement after a parked transaction runs in a
+	// transaction of its own (read committed, not the parked repeatable
+	// read one).
+	readRO(1)
+	var iso string
+	if err := db.QueryRowContext(ctx, "SELECT current_setting('transaction_isolation')").Scan(&iso); err != nil {
+		t.Fatal(err)
+	}
+	if iso != "read committed" {
+		t.Fatalf("an autocommitted statement after a parked transaction ran at %s", iso)
+	}
+	// A read/write transaction after one writes.
+	readRO(2)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "UPDATE accounts SET balance = 95 WHERE id = 2"); err != nil {
+		t.Fatalf("a write after a parked transaction: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// The connection's next read-only transaction sees its write (read
+	// your writes: a pin after it).
+	if got := readRO(2); got != 95 {
+		t.Fatalf("balance %d after the connection wrote 95", got)
+	}
+	// The expiry lets an ACCESS EXCLUSIVE lock through.
+	expired := testutil.ToFloat64(cl.m.parked.WithLabelValues("expired"))
+	parked := cl.m.parked.WithLabelValues("parked")
+	for try := 0; ; try++ {
+		// Right after the write, a transaction may run at a fresh
+		// snapshot, which does not park.
+		if try == 50 {
+			t.Fatal("in 50 tries, no read-only transaction parked")
+		}
+		before := testutil.ToFloat64(parked)
+		if got := readRO(3); got != 100 {
+			t.Fatalf("balance %d, want 100", got)
+		}
+		if testutil.ToFloat64(parked) > before {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	ltx, err := s.conn.Begin(lctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ltx.Exec(lctx, "LOCK TABLE accounts IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatalf("ACCESS EXCLUSIVE after a transaction parked: %v", err)
+	}
+	if err := ltx.Rollback(lctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(cl.m.parked.WithLabelValues("expired")) - expired; n != 1 {
+		t.Fatalf("%v parked transactions expired, want 1", n)
+	}
+	if got := readRO(3); got != 100 {
+		t.Fatalf("balance %d after the expiry, want 100", got)
+	}
+}
