@@ -3,11 +3,19 @@ package larder
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand"
 	"net/url"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/larderdb/larder/internal/history"
 )
 
 // parkedRun: the readers' misses begin on the transaction a miss before
@@ -291,4 +299,152 @@ func TestParkedDatabaseSQLConnection(t *testing.T) {
 	if got := readRO(3); got != 100 {
 		t.Fatalf("balance %d after the expiry, want 100", got)
 	}
+}
+
+// TestSnapshotConsistencyThroughDatabaseSQL: the history checker of
+// TestSnapshotConsistencyUnderConcurrentTransfers on the path a
+// database/sql application takes: read-only transactions of the larder
+// driver (sql.TxOptions{ReadOnly: true}, a cache-node and no L1) on three
+// connections, under concurrent transfers, most beginning on the
+// transaction parked on their connection. With a test switch that lets a
+// transaction begin on one parked at another pin (broken=true), it must
+// find violations.
+func TestSnapshotConsistencyThroughDatabaseSQL(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			parkAnyPinForTest = broken
+			defer func() { parkAnyPinForTest = false }()
+			violations, reads := databaseSQLHistory(t)
+			for try := 2; broken && len(violations) == 0 && try <= 5; try++ {
+				t.Logf("the broken run passed %d transactions: run %d of 5", reads, try)
+				violations, reads = databaseSQLHistory(t)
+			}
+			if broken {
+				if len(violations) == 0 {
+					t.Fatalf("the broken run passed %d transactions in each of 5 runs: the check cannot show the bug", reads)
+				}
+				t.Logf("%d violations reported in %d read-only transactions", len(violations), reads)
+				return
+			}
+			noViolations(t, violations, reads)
+			t.Logf("0 violations in %d read-only transactions", reads)
+		})
+	}
+}
+
+// databaseSQLHistory runs TestSnapshotConsistencyThroughDatabaseSQL's
+// workload for 3 s and checks it.
+func databaseSQLHistory(t *testing.T) ([]history.Violation, int64) {
+	s := startStack(t)
+	dsn := s.dsn()
+	db := openDB(t, DriverName, dsn)
+	db.SetMaxOpenConns(3)
+	bg := context.Background()
+	if err := db.PingContext(bg); err != nil {
+		t.Fatal(err)
+	}
+	var cl *Client
+	for deadline := time.Now().Add(30 * time.Second); cl == nil || len(cl.pins.candidates(time.Now().Add(-time.Minute), 0)) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the driver's client saw no pin in 30 s")
+		}
+		cl = driverClient(dsn)
+	}
+	rec, err := history.StartRecorder(bg, s.url, "accounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(bg, 3*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var transfers, reads atomic.Int64
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(seed))
+			conn, err := pgx.Connect(bg, s.url)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close(bg)
+			for ctx.Err() == nil {
+				a, b, amt := 1+r.Intn(accounts), 1+r.Intn(accounts), 1+r.Intn(10)
+				if a > b {
+					a, b, amt = b, a, -amt
+				}
+				err := pgx.BeginFunc(bg, conn, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(bg, "UPDATE accounts SET balance = balance - $1, ver = ver + 1 WHERE id = $2", amt, a); err != nil {
+						return err
+					}
+					_, err := tx.Exec(bg, "UPDATE accounts SET balance = balance + $1, ver = ver + 1 WHERE id = $2", amt, b)
+					return err
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				transfers.Add(1)
+				time.Sleep(time.Duration(r.Intn(5)) * time.Millisecond)
+			}
+		}(int64(w))
+	}
+	var txMu sync.Mutex
+	var txs []history.ReadTx
+	for rd := 0; rd < 3; rd++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(seed))
+			for ctx.Err() == nil {
+				// Short limits: many misses, each of which parks.
+				staleness := time.Duration(50+r.Intn(500)) * time.Millisecond
+				begin := time.Now()
+				tx, err := db.BeginTx(WithStaleness(bg, staleness), &sql.TxOptions{ReadOnly: true})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				rt := history.ReadTx{Begin: begin, Staleness: staleness, Reads: map[int]history.Row{}}
+				order := r.Perm(accounts)[:1+r.Intn(accounts)]
+				var rerr error
+				for _, i := range order {
+					var row history.Row
+					if rerr = tx.QueryRowContext(bg, readBalanceVer, i+1).Scan(&row.Balance, &row.Ver); rerr != nil {
+						break
+					}
+					rt.Reads[i+1] = row
+				}
+				rt.Note = fmt.Sprintf("rows %v", order)
+				_ = tx.Commit()
+				if errors.Is(rerr, ErrRetry) {
+					continue
+				}
+				if rerr != nil {
+					t.Error(rerr)
+					return
+				}
+				reads.Add(1)
+				txMu.Lock()
+				txs = append(txs, rt)
+				txMu.Unlock()
+			}
+		}(int64(10 + rd))
+	}
+	wg.Wait()
+	st := cl.Stats()
+	taken := testutil.ToFloat64(cl.m.parked.WithLabelValues("taken"))
+	t.Logf("%d transfers, %d read-only transactions: %d node hits, %d misses, %v began on a parked transaction",
+		transfers.Load(), reads.Load(), st.NodeHits.Load(), st.Misses.Load(), taken)
+	if st.NodeHits.Load() == 0 || transfers.Load() == 0 || taken == 0 {
+		t.Fatal("no node hit, no write or no parked transaction taken: the test proves nothing")
+	}
+	fctx, fcancel := context.WithTimeout(bg, 60*time.Second)
+	defer fcancel()
+	log, err := rec.Finish(fctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return history.Check(log, txs, total, 50*time.Millisecond), reads.Load()
 }
