@@ -318,6 +318,11 @@ type Stats struct {
 	// because the node's hit rate after L1 misses was too low (see
 	// afterL1Gate).
 	NodeSkips atomic.Int64
+	// PinBegins counts read-only transactions begun at a pin on the
+	// client's own connections (not through a Loader); ParkedBegins, those
+	// of them that began on a transaction parked at the pin (parked.go)
+	// instead of importing its snapshot.
+	PinBegins, ParkedBegins atomic.Int64
 	// ScopeReads counts reads of a session's roles and settings (the key
 	// scope) after a statement that may have changed them.
 	ScopeReads atomic.Int64

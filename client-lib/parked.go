@@ -229,21 +229,22 @@ func (t *ROTx) beginParked(ctx context.Context, pin invalidation.Pin, tables []s
 		if r := t.pipeRead(ctx, stmts, q); r.sent {
 			if err = t.pipedOutcome(ctx, r, plan, ts, q); err == nil {
 				t.pipe = nil
+				t.c.stats.ParkedBegins.Add(1)
 				return true, nil
 			}
 			return t.unpark(ctx, err)
 		}
 	}
-	if plan == nil {
-		return true, nil
+	if plan != nil {
+		results, err := runPrepared(ctx, pgxConnOf(t.conn), t.c.epoch.Load(), t.c.m, plan.statements()...)
+		if err == nil {
+			err = t.checkHeld(ctx, plan, results, ts)
+		}
+		if err != nil {
+			return t.unpark(ctx, err)
+		}
 	}
-	results, err := runPrepared(ctx, pgxConnOf(t.conn), t.c.epoch.Load(), t.c.m, plan.statements()...)
-	if err == nil {
-		err = t.checkHeld(ctx, plan, results, ts)
-	}
-	if err != nil {
-		return t.unpark(ctx, err)
-	}
+	t.c.stats.ParkedBegins.Add(1)
 	return true, nil
 }
 

@@ -559,6 +559,9 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 		if err == nil {
 			t.fixed, t.ts, t.pin = true, pin.LSN, pin
 			t.cands = []invalidation.Pin{pin}
+			if t.remote == nil {
+				t.c.stats.PinBegins.Add(1)
+			}
 			return nil
 		}
 		if ctx.Err() != nil || !snapshotGone(err) {

@@ -117,14 +117,17 @@ func TestQueryCacheHitRate(t *testing.T) {
 }
 
 // The fresh column gives the mean time a fresh snapshot took to place,
-// when the run measured it, and the reads that did not wait for it.
+// when the run measured it, the reads that did not wait for it, and the
+// begins at a pin that took a parked transaction.
 func TestFreshSnapshotWait(t *testing.T) {
 	runs := []Run{
 		{Mode: "larder", VUs: 8, Rate: 100, Reads: map[string]int64{"l1": 1, "tx-fresh-snapshot": 30, "tx-fallback": 10, "tx-fresh-wait-us": 100_000, "unplaced-reads": 12}},
 		{Mode: "local-only", VUs: 8, Rate: 100, Reads: map[string]int64{"l1": 1, "tx-fresh-snapshot": 3}},
+		{Mode: "larder-nocons", VUs: 8, Rate: 100, Reads: map[string]int64{"l1": 1, "tx-fresh-snapshot": 2, "tx-pin-begins": 50, "tx-parked-begins": 35}},
 	}
 	md := (&Report{Mix: "bidding", Runs: runs, Peaks: Peaks(runs, time.Second)}).Markdown()
-	if !strings.Contains(md, "| 30 / 10 (2.5 ms each); 12 reads before placed |") || !strings.Contains(md, "| 3 / 0 |") {
+	if !strings.Contains(md, "| 30 / 10 (2.5 ms each); 12 reads before placed |") || !strings.Contains(md, "| 3 / 0 |") ||
+		!strings.Contains(md, "| 2 / 0; 35 of 50 begins at a pin on a parked transaction |") {
 		t.Errorf("report:\n%s", md)
 	}
 }

@@ -738,8 +738,8 @@ func statsOf(st *larder.Stats) map[string]int64 {
 		"l1-miss-compulsory": st.L1Misses[store.MissCompulsory].Load(), "l1-miss-staleness": st.L1Misses[store.MissStaleness].Load(),
 		"l1-miss-capacity": st.L1Misses[store.MissCapacity].Load(), "l1-miss-consistency": st.L1Misses[store.MissConsistency].Load(),
 		"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(), "tx-fresh-wait-us": st.FreshWaitNanos.Load() / 1000,
-		"unplaced-reads": st.UnplacedReads.Load(),
-		"node-lookups":   st.NodeLookups.Load(), "node-errors": st.NodeErrors.Load(), "function-hits": st.FunctionHits.Load(), "function-runs": st.FunctionRuns.Load()}
+		"unplaced-reads": st.UnplacedReads.Load(), "tx-pin-begins": st.PinBegins.Load(), "tx-parked-begins": st.ParkedBegins.Load(),
+		"node-lookups": st.NodeLookups.Load(), "node-errors": st.NodeErrors.Load(), "function-hits": st.FunctionHits.Load(), "function-runs": st.FunctionRuns.Load()}
 }
 
 // postmasterPID reads the PID of PostgreSQL's postmaster from its data
