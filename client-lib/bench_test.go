@@ -84,14 +84,7 @@ func BenchmarkDatabaseSQLReadOnly(b *testing.B) {
 			b.Fatal(err)
 		}
 		if driverName == DriverName {
-			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-				if cl := driverClient(dsn); cl != nil && len(cl.pins.candidates(time.Now().Add(-time.Minute), 0)) > 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					b.Fatal("the driver's client saw no pin in 30 s")
-				}
-			}
+			driverClientWithPins(b, dsn)
 		}
 		b.Run(name, func(b *testing.B) {
 			cpu := pgCPU(b)

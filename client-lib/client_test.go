@@ -458,6 +458,39 @@ type historyRun struct {
 	peer func(t *testing.T, s *stack) *Client
 }
 
+// transferUntil moves random amounts between random accounts on
+// PostgreSQL, one transfer at a time with pauses of up to 4 ms, until ctx
+// ends, counting them in transfers.
+func transferUntil(ctx context.Context, t *testing.T, pgURL string, seed int64, transfers *atomic.Int64) {
+	r := rand.New(rand.NewSource(seed))
+	bg := context.Background()
+	conn, err := pgx.Connect(bg, pgURL)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer conn.Close(bg)
+	for ctx.Err() == nil {
+		a, b, amt := 1+r.Intn(accounts), 1+r.Intn(accounts), 1+r.Intn(10)
+		if a > b {
+			a, b, amt = b, a, -amt // lock rows in id order: no deadlocks
+		}
+		err := pgx.BeginFunc(bg, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(bg, "UPDATE accounts SET balance = balance - $1, ver = ver + 1 WHERE id = $2", amt, a); err != nil {
+				return err
+			}
+			_, err := tx.Exec(bg, "UPDATE accounts SET balance = balance + $1, ver = ver + 1 WHERE id = $2", amt, b)
+			return err
+		})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		transfers.Add(1)
+		time.Sleep(time.Duration(r.Intn(5)) * time.Millisecond)
+	}
+}
+
 // pause waits d, or less if ctx ends first (then it reports false).
 func pause(ctx context.Context, d time.Duration) bool {
 	select {
@@ -524,32 +557,7 @@ func transfersAndReadsWith(t *testing.T, l1 int64, hr historyRun) ([]history.Vio
 		wg.Add(1)
 		go func(seed int64) {
 			defer wg.Done()
-			r := rand.New(rand.NewSource(seed))
-			conn, err := pgx.Connect(context.Background(), s.url)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer conn.Close(context.Background())
-			for ctx.Err() == nil {
-				a, b, amt := 1+r.Intn(accounts), 1+r.Intn(accounts), 1+r.Intn(10)
-				if a > b {
-					a, b, amt = b, a, -amt // lock rows in id order: no deadlocks
-				}
-				err := pgx.BeginFunc(context.Background(), conn, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(context.Background(), "UPDATE accounts SET balance = balance - $1, ver = ver + 1 WHERE id = $2", amt, a); err != nil {
-						return err
-					}
-					_, err := tx.Exec(context.Background(), "UPDATE accounts SET balance = balance + $1, ver = ver + 1 WHERE id = $2", amt, b)
-					return err
-				})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				transfers.Add(1)
-				time.Sleep(time.Duration(r.Intn(5)) * time.Millisecond)
-			}
+			transferUntil(ctx, t, s.url, seed, &transfers)
 		}(int64(w))
 	}
 	// Faults: the cache-node restarts (losing everything) and the

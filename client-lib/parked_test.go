@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/larderdb/larder/internal/history"
@@ -175,6 +174,20 @@ func TestParkedConnectionDied(t *testing.T) {
 	}
 }
 
+// driverClientWithPins is the driver's client of dsn (a connection of it
+// is open), once it has seen a pin.
+func driverClientWithPins(t testing.TB, dsn string) *Client {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if cl := driverClient(dsn); cl != nil && len(cl.pins.candidates(time.Now().Add(-time.Minute), 0)) > 0 {
+			return cl
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the driver's client saw no pin in 30 s")
+		}
+	}
+}
+
 // dsnWithoutNode is the stack's larder DSN with no cache-node (and no
 // L1): every read of a read-only transaction runs on PostgreSQL.
 func (s *stack) dsnWithoutNode(t testing.TB, extra ...string) string {
@@ -203,26 +216,8 @@ func TestParkedDatabaseSQLConnection(t *testing.T) {
 	if err := db.PingContext(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var cl *Client
-	for deadline := time.Now().Add(30 * time.Second); cl == nil || len(cl.pins.candidates(time.Now().Add(-time.Minute), 0)) == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the driver's client saw no pin in 30 s")
-		}
-		cl = driverClient(dsn)
-	}
-	readRO := func(id int) int {
-		t.Helper()
-		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Commit()
-		var bal int
-		if err := tx.QueryRowContext(ctx, readBalance, id).Scan(&bal); err != nil {
-			t.Fatal(err)
-		}
-		return bal
-	}
+	cl := driverClientWithPins(t, dsn)
+	readRO := func(id int) int { return readBalanceDB(t, ctx, db, id) }
 	taken := cl.m.parked.WithLabelValues("taken")
 	for try := 0; testutil.ToFloat64(taken) == 0; try++ {
 		if try == 50 {
@@ -343,13 +338,7 @@ func databaseSQLHistory(t *testing.T) ([]history.Violation, int64) {
 	if err := db.PingContext(bg); err != nil {
 		t.Fatal(err)
 	}
-	var cl *Client
-	for deadline := time.Now().Add(30 * time.Second); cl == nil || len(cl.pins.candidates(time.Now().Add(-time.Minute), 0)) == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the driver's client saw no pin in 30 s")
-		}
-		cl = driverClient(dsn)
-	}
+	cl := driverClientWithPins(t, dsn)
 	rec, err := history.StartRecorder(bg, s.url, "accounts")
 	if err != nil {
 		t.Fatal(err)
@@ -362,32 +351,7 @@ func databaseSQLHistory(t *testing.T) ([]history.Violation, int64) {
 		wg.Add(1)
 		go func(seed int64) {
 			defer wg.Done()
-			r := rand.New(rand.NewSource(seed))
-			conn, err := pgx.Connect(bg, s.url)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer conn.Close(bg)
-			for ctx.Err() == nil {
-				a, b, amt := 1+r.Intn(accounts), 1+r.Intn(accounts), 1+r.Intn(10)
-				if a > b {
-					a, b, amt = b, a, -amt
-				}
-				err := pgx.BeginFunc(bg, conn, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(bg, "UPDATE accounts SET balance = balance - $1, ver = ver + 1 WHERE id = $2", amt, a); err != nil {
-						return err
-					}
-					_, err := tx.Exec(bg, "UPDATE accounts SET balance = balance + $1, ver = ver + 1 WHERE id = $2", amt, b)
-					return err
-				})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				transfers.Add(1)
-				time.Sleep(time.Duration(r.Intn(5)) * time.Millisecond)
-			}
+			transferUntil(ctx, t, s.url, seed, &transfers)
 		}(int64(w))
 	}
 	var txMu sync.Mutex
