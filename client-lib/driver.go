@@ -425,6 +425,17 @@ func (c *conn) IsValid() bool {
 	return valid
 }
 
+// Begin begins a transaction with the default options (database/sql
+// calls BeginTx; this is for callers of the driver's connection itself).
+func (c *conn) Begin() (driver.Tx, error) {
+	return c.BeginTx(context.Background(), driver.TxOptions{})
+}
+
+// Prepare prepares a statement, as PrepareContext does.
+func (c *conn) Prepare(query string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), query)
+}
+
 // Close closes the connection (PostgreSQL ends a parked transaction).
 func (c *conn) Close() error {
 	c.park.close()
@@ -580,10 +591,11 @@ type stmt struct {
 
 func (s *stmt) Close() error {
 	if s.ps != nil {
-		if err := s.c.unpark(context.Background()); err != nil {
-			return err
-		}
-		return s.ps.Close()
+		// Not after a parked transaction's expiry under way (DEALLOCATE
+		// runs in a parked transaction as well as out of one).
+		var err error
+		s.c.park.locked(func() { err = s.ps.Close() })
+		return err
 	}
 	return nil
 }

@@ -26,10 +26,14 @@ import (
 // template (it may set a setting for the transaction, declare a cursor,
 // take a lock) or one that failed ends it as before.
 //
-// A parked transaction holds its tables' ACCESS SHARE locks, as it did
-// while it ran: a TRUNCATE or ALTER TABLE waits at most ParkIdle more for
-// it. It holds no older snapshot than its pin, which the pincushion holds
-// anyway. At most a quarter of the pool's connections are parked; each
+// A PostgreSQL transaction parks only within ParkIdle of its BEGIN,
+// however many transactions took it since, and ends ParkIdle after it
+// parked: it lives at most twice ParkIdle plus the last taker's own
+// length. Meanwhile it holds its tables' ACCESS SHARE locks, as it did
+// while it ran: a TRUNCATE or ALTER TABLE waits that long at most more
+// for it, and now() in a later taker is that much older than its own
+// start. It holds no older snapshot than its pin, which the pincushion
+// holds anyway. At most a quarter of the pool's connections are parked; each
 // database/sql connection parks its own.
 
 // DefaultParkIdle is how long a parked transaction waits for the next one
@@ -47,6 +51,7 @@ type parkedTx struct {
 	pin   invalidation.Pin
 	scope string          // the pool's session scope key when it parked
 	held  map[string]bool // the tables locked and checked (holdTables)
+	born  time.Time       // when its PostgreSQL transaction began
 	at    time.Time
 }
 
@@ -75,9 +80,11 @@ func newParkingLot(idle time.Duration, poolMax int32, m *prometheus.CounterVec) 
 }
 
 // park leaves p's transaction open for the next one at its pin. It
-// reports false, keeping nothing, when the lot is closed or off.
+// reports false, keeping nothing, when the lot is closed or off, or when
+// the transaction began ParkIdle ago or more (however many took it since,
+// none lives on past that).
 func (l *parkingLot) park(p parkedTx) bool {
-	if l == nil {
+	if l == nil || time.Since(p.born) >= l.idle {
 		return false
 	}
 	var evicted *parkedTx
@@ -103,6 +110,24 @@ func (l *parkingLot) park(p parkedTx) bool {
 		go endPooled(evicted.conn)
 	}
 	return true
+}
+
+// evictOldest ends the oldest parked transaction, giving its connection
+// back to the pool (for an acquire that finds the pool exhausted).
+func (l *parkingLot) evictOldest() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	if len(l.txs) == 0 {
+		l.mu.Unlock()
+		return
+	}
+	old := l.txs[0]
+	l.txs = append(l.txs[:0], l.txs[1:]...)
+	l.mu.Unlock()
+	l.m.WithLabelValues("evicted").Inc()
+	endPooled(old.conn)
 }
 
 // take returns the newest transaction parked at pin in scope, if any.
@@ -206,17 +231,17 @@ func (t *ROTx) beginParked(ctx context.Context, pin invalidation.Pin, tables []s
 		return false, nil
 	}
 	if t.session != nil {
-		held, ok := t.park.take(pin)
+		held, born, ok := t.park.take(pin)
 		if !ok {
 			return false, nil
 		}
-		t.conn, t.held = t.session, held
+		t.conn, t.held, t.pgBegun = t.session, held, born
 	} else {
 		p, ok := t.c.parked.take(pin, t.scope.key)
 		if !ok {
 			return false, nil
 		}
-		t.pooled, t.conn, t.held = p.conn, p.conn, p.held
+		t.pooled, t.conn, t.held, t.pgBegun = p.conn, p.conn, p.held, p.born
 	}
 	ts := pin.LSN
 	plan := t.planHold(tables, ts)
@@ -233,6 +258,11 @@ func (t *ROTx) beginParked(ctx context.Context, pin invalidation.Pin, tables []s
 				return true, nil
 			}
 			return t.unpark(ctx, err)
+		}
+		if pgConnOf(t.conn).TxStatus() != 'T' {
+			// Not sent, but a statement's description, read inside
+			// the transaction, failed and aborted it.
+			return t.unpark(ctx, errors.New("larder: the parked transaction was aborted"))
 		}
 	}
 	if plan != nil {
@@ -254,7 +284,18 @@ func (t *ROTx) beginParked(ctx context.Context, pin invalidation.Pin, tables []s
 // prepared statement is gone, the read failed) lets it begin the usual
 // way, where the failure, if it is the read's, shows again.
 func (t *ROTx) unpark(ctx context.Context, err error) (bool, error) {
-	_ = t.closeConn(ctx)
+	// On a context of its own: a ROLLBACK that the caller's deadline kept
+	// from being sent would leave the connection in the transaction.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if t.session != nil {
+		if _, rerr := t.session.Exec(cctx, "ROLLBACK"); rerr != nil {
+			_ = t.session.Close(cctx) // database/sql drops it (IsValid)
+		}
+		t.conn, t.held = nil, nil
+	} else {
+		_ = t.closeConn(cctx) // pgxpool destroys a connection left in a transaction
+	}
 	t.c.m.parked.WithLabelValues("failed").Inc()
 	if errors.Is(err, errRewritten) || ctx.Err() != nil {
 		return true, err
@@ -280,7 +321,8 @@ type sessionPark struct {
 	parked bool
 	pin    invalidation.Pin
 	held   map[string]bool
-	gen    uint64 // which parking the timer is for
+	born   time.Time // when the parked PostgreSQL transaction began
+	gen    uint64    // which parking the timer is for
 	timer  *time.Timer
 }
 
@@ -295,15 +337,21 @@ func newSessionPark(conn *pgx.Conn, idle time.Duration, m *prometheus.CounterVec
 	return &sessionPark{conn: conn, idle: idle, m: m}
 }
 
-// park leaves the connection's transaction at pin open.
-func (s *sessionPark) park(pin invalidation.Pin, held map[string]bool) {
+// park leaves the connection's transaction at pin, begun at born, open.
+// It reports false, parking nothing, when the transaction began ParkIdle
+// ago or more.
+func (s *sessionPark) park(pin invalidation.Pin, held map[string]bool, born time.Time) bool {
+	if time.Since(born) >= s.idle {
+		return false
+	}
 	s.mu.Lock()
-	s.parked, s.pin, s.held = true, pin, held
+	s.parked, s.pin, s.held, s.born = true, pin, held, born
 	s.gen++
 	gen := s.gen
 	s.timer = time.AfterFunc(s.idle, func() { s.expire(gen) })
 	s.mu.Unlock()
 	s.m.WithLabelValues("parked").Inc()
+	return true
 }
 
 // expire ends the parked transaction gen if it is still parked.
@@ -358,23 +406,23 @@ func (s *sessionPark) locked(f func()) {
 }
 
 // take hands the transaction parked at pin over to the caller (the
-// tables it holds); false when none is parked there.
-func (s *sessionPark) take(pin invalidation.Pin) (map[string]bool, bool) {
+// tables it holds, when it began); false when none is parked there.
+func (s *sessionPark) take(pin invalidation.Pin) (map[string]bool, time.Time, bool) {
 	if s == nil {
-		return nil, false
+		return nil, time.Time{}, false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	samePin := s.pin.SnapshotID == pin.SnapshotID && s.pin.LSN == pin.LSN && s.pin.ServerStart.Equal(pin.ServerStart)
 	if !s.parked || (!samePin && !parkAnyPinForTest) {
-		return nil, false
+		return nil, time.Time{}, false
 	}
 	held := s.held
 	s.parked, s.held = false, nil
 	s.timer.Stop()
 	s.timer = nil
 	s.m.WithLabelValues("taken").Inc()
-	return held, true
+	return held, s.born, true
 }
 
 // close forgets the parked transaction: the connection is closing, and

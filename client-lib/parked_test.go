@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/larderdb/larder/internal/history"
+	"github.com/larderdb/larder/internal/invalidation"
 )
 
 // parkedRun: the readers' misses begin on the transaction a miss before
@@ -411,4 +412,72 @@ func databaseSQLHistory(t *testing.T) ([]history.Violation, int64) {
 		t.Fatal(err)
 	}
 	return history.Check(log, txs, total, 50*time.Millisecond), reads.Load()
+}
+
+// TestParkRefusesOldTransactions: a PostgreSQL transaction parks only
+// within ParkIdle of its BEGIN, however many transactions took it since,
+// so that a chain of takers cannot hold its locks (and its now()) for
+// longer.
+func TestParkRefusesOldTransactions(t *testing.T) {
+	m := newClientMetrics(nil).parked
+	lot := newParkingLot(100*time.Millisecond, 8, m)
+	if lot.park(parkedTx{born: time.Now().Add(-200 * time.Millisecond)}) {
+		t.Error("the pool's lot parked a transaction begun twice ParkIdle ago")
+	}
+	if !lot.park(parkedTx{born: time.Now()}) {
+		t.Error("the pool's lot did not park a transaction just begun")
+	}
+	lot.mu.Lock()
+	lot.txs = nil // nothing to end: no connection
+	lot.mu.Unlock()
+	s := newSessionPark(nil, 100*time.Millisecond, m)
+	if s.park(invalidation.Pin{SnapshotID: "x"}, nil, time.Now().Add(-200*time.Millisecond)) {
+		t.Error("a database/sql connection parked a transaction begun twice ParkIdle ago")
+	}
+}
+
+// TestParkedGivesWayWhenThePoolIsFull: when every connection of the pool
+// is taken and one of them holds a parked transaction, a transaction that
+// needs a connection ends the parked one rather than wait for its expiry.
+func TestParkedGivesWayWhenThePoolIsFull(t *testing.T) {
+	s := startStack(t)
+	c := s.openConfig(t, PoolSized(s.url, 4), nil, 0, nil)
+	ctx := context.Background()
+	var open []*ROTx
+	defer func() {
+		for _, tx := range open {
+			_ = tx.Commit(ctx)
+		}
+	}()
+	for i := 0; i < 3; i++ { // three transactions hold three connections
+		tx, err := c.BeginRO(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, tx)
+		var bal int
+		if err := tx.QueryRow(ctx, readBalance, []any{1 + i}, &bal); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parked := c.m.parked.WithLabelValues("parked")
+	for try := 0; testutil.ToFloat64(parked) == 0; try++ { // the fourth parks
+		if try == 20 {
+			t.Fatal("no transaction parked in 20 tries")
+		}
+		readInt(t, ctx, c, 0, readBalance, 4)
+	}
+	if st := c.pool.Stat(); st.IdleConns() != 0 || st.TotalConns() != 4 {
+		t.Fatalf("the pool has %d connections, %d idle; want 4, none idle", st.TotalConns(), st.IdleConns())
+	}
+	// A transaction at a fresh snapshot (no pin is a millisecond old)
+	// needs a connection of its own.
+	tx, err := c.BeginRO(ctx, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Commit(ctx)
+	if n := testutil.ToFloat64(c.m.parked.WithLabelValues("evicted")); n != 1 {
+		t.Fatalf("%v parked transactions gave way, want 1 (expired: %v)", n, testutil.ToFloat64(c.m.parked.WithLabelValues("expired")))
+	}
 }

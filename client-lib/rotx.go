@@ -86,6 +86,10 @@ type ROTx struct {
 	// park is the database/sql connection's parked transaction (session
 	// set; nil when parking is off).
 	park *sessionPark
+	// pgBegun is when the PostgreSQL transaction at the pin began (by
+	// this transaction, or by one that parked it): none parks past
+	// ParkIdle after it.
+	pgBegun time.Time
 	// tainted: a statement ran that may leave something behind in the
 	// PostgreSQL transaction (not a cacheable template): it cannot park
 	// (parked.go).
@@ -333,6 +337,7 @@ func (t *ROTx) begin(ctx context.Context, pin invalidation.Pin, tables []string)
 	if err := t.acquire(ctx); err != nil {
 		return err
 	}
+	t.pgBegun = time.Now()
 	if snapshot != "" && !pin.ServerStart.IsZero() {
 		start, err := connServerStart(ctx, t.conn)
 		if err != nil {
@@ -392,6 +397,13 @@ func (t *ROTx) acquire(ctx context.Context) error {
 		}
 		t.conn = t.session
 		return nil
+	}
+	if t.c.parked != nil {
+		if st := t.c.pool.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
+			// Every connection is taken: a parked transaction gives
+			// its back rather than this one wait for it.
+			t.c.parked.evictOldest()
+		}
 	}
 	conn, err := t.c.pool.Acquire(ctx)
 	if err != nil {
@@ -1275,14 +1287,13 @@ func (t *ROTx) finish(ctx context.Context) error {
 	// A placement under way goes on: its answer, or its lack of one in
 	// time, tells later transactions whether the pincushion is placing.
 	t.placing = nil
-	if t.session != nil && t.parkable() {
+	if t.session != nil && t.parkable() && t.park.park(t.pin, t.held, t.pgBegun) {
 		// Left open on the database/sql connection (parked.go).
-		t.park.park(t.pin, t.held)
 		t.conn, t.held = nil, nil
 		t.release()
 		return nil
 	}
-	if t.session == nil && t.parkable() && t.c.parked.park(parkedTx{conn: t.pooled, pin: t.pin, scope: t.scope.key, held: t.held}) {
+	if t.session == nil && t.parkable() && t.c.parked.park(parkedTx{conn: t.pooled, pin: t.pin, scope: t.scope.key, held: t.held, born: t.pgBegun}) {
 		// Left open for the next transaction at the pin (parked.go).
 		t.pooled, t.conn, t.held = nil, nil, nil
 		t.release()
