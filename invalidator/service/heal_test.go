@@ -220,3 +220,56 @@ func TestMissingPrivilegeStops(t *testing.T) {
 		})
 	}
 }
+
+// A configuration error found once the pincushion runs (here a table
+// whose replica identity cannot give its old rows) stops the pincushion
+// with the publisher: its pins' connections close. A caller that runs
+// Run again and again while it waits for the fix (the local stack, every
+// 3 s) left one pincushion and its pins behind at each try, until
+// PostgreSQL refused every connection ("too many clients").
+func TestConfigErrorStopsThePincushion(t *testing.T) {
+	ctx := context.Background()
+	dbURL := testenv.Database(t, env.PG)
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE TABLE noid (v int)"); err != nil { // no key: no replica identity
+		t.Fatal(err)
+	}
+	var db string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	o := Defaults()
+	o.PG, o.NATS, o.Prefix = dbURL, env.NATS.URL(), "noid"
+	o.Slot, o.Publication = "noid", "noid"
+	o.NoDDLTrigger = true
+	o.Metrics = ""
+	o.PinInterval = 20 * time.Millisecond
+	// live lives on after Run returns, as the local stack's context does.
+	live, stop := context.WithCancel(ctx)
+	defer stop()
+	for try := 0; try < 3; try++ {
+		done := make(chan error, 1)
+		go func() { done <- Run(live, o, slog.New(slog.NewTextHandler(testWriter{t}, nil))) }()
+		select {
+		case err = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Run still running after 30 s; want it stopped by a configuration error")
+		}
+		if !IsConfig(err) {
+			t.Fatalf("Run: %v; want a configuration error", err)
+		}
+	}
+	// What a pincushion left running would hold: pins taken every 20 ms.
+	time.Sleep(500 * time.Millisecond)
+	var others int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backend'", db).Scan(&others); err != nil {
+		t.Fatal(err)
+	}
+	if others != 0 {
+		t.Fatalf("%d connections to the database are still open after Run stopped on a configuration error three times", others)
+	}
+}

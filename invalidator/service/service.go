@@ -215,7 +215,19 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	}
 	defer regSub.Unsubscribe()
 
+	// The pincushion runs for as long as Run does: a configuration error
+	// that stops the publisher stops it too (a caller that runs Run
+	// again, waiting for the fix, would otherwise leave a pincushion and
+	// its pins' connections behind at every try).
+	cushionCtx, stopCushion := context.WithCancel(ctx)
 	cushionDone := make(chan error, 1)
+	cushionWaited := false
+	defer func() {
+		stopCushion()
+		if !cushionWaited {
+			<-cushionDone
+		}
+	}()
 	if o.Pins {
 		cushion, err := pincushion.New(pincushion.Config{
 			ConnString:    o.PG,
@@ -229,9 +241,10 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 			Metrics:       reg,
 		}, commits)
 		if err != nil {
+			cushionWaited = true // none runs
 			return fmt.Errorf("%w: %v", ErrConfig, err)
 		}
-		go func() { cushionDone <- cushion.Run(ctx) }()
+		go func() { cushionDone <- cushion.Run(cushionCtx) }()
 	} else {
 		cushionDone <- nil
 	}
@@ -271,6 +284,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		}
 		backoff = min(2*backoff, maxBackoff)
 	}
+	cushionWaited = true
 	if err := <-cushionDone; err != nil {
 		return fmt.Errorf("pincushion: %w", err)
 	}
