@@ -94,9 +94,7 @@ func (l *parkingLot) park(p parkedTx) bool {
 		return false
 	}
 	if len(l.txs) >= l.max {
-		old := l.txs[0]
-		evicted = &old
-		l.txs = append(l.txs[:0], l.txs[1:]...)
+		evicted = l.popOldestLocked()
 	}
 	p.at = time.Now()
 	l.txs = append(l.txs, p)
@@ -119,15 +117,23 @@ func (l *parkingLot) evictOldest() {
 		return
 	}
 	l.mu.Lock()
+	old := l.popOldestLocked()
+	l.mu.Unlock()
+	if old != nil {
+		l.m.WithLabelValues("evicted").Inc()
+		endPooled(old.conn)
+	}
+}
+
+// popOldestLocked removes the oldest parked transaction (nil: none) and
+// returns it; l.mu is held.
+func (l *parkingLot) popOldestLocked() *parkedTx {
 	if len(l.txs) == 0 {
-		l.mu.Unlock()
-		return
+		return nil
 	}
 	old := l.txs[0]
 	l.txs = append(l.txs[:0], l.txs[1:]...)
-	l.mu.Unlock()
-	l.m.WithLabelValues("evicted").Inc()
-	endPooled(old.conn)
+	return &old
 }
 
 // take returns the newest transaction parked at pin in scope, if any.
@@ -139,8 +145,7 @@ func (l *parkingLot) take(pin invalidation.Pin, scope string) (parkedTx, bool) {
 	defer l.mu.Unlock()
 	for i := len(l.txs) - 1; i >= 0; i-- {
 		p := l.txs[i]
-		samePin := p.pin.SnapshotID == pin.SnapshotID && p.pin.LSN == pin.LSN && p.pin.ServerStart.Equal(pin.ServerStart)
-		if (!samePin && !parkAnyPinForTest) || p.scope != scope {
+		if (!p.pin.Same(pin) && !parkAnyPinForTest) || p.scope != scope {
 			continue
 		}
 		if time.Since(p.at) >= l.idle {
@@ -413,8 +418,7 @@ func (s *sessionPark) take(pin invalidation.Pin) (map[string]bool, time.Time, bo
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	samePin := s.pin.SnapshotID == pin.SnapshotID && s.pin.LSN == pin.LSN && s.pin.ServerStart.Equal(pin.ServerStart)
-	if !s.parked || (!samePin && !parkAnyPinForTest) {
+	if !s.parked || (!s.pin.Same(pin) && !parkAnyPinForTest) {
 		return nil, time.Time{}, false
 	}
 	held := s.held

@@ -179,7 +179,7 @@ func (p *pinTracker) remove(gone invalidation.Pin) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, pin := range p.pins {
-		if pin.LSN == gone.LSN && pin.SnapshotID == gone.SnapshotID && pin.ServerStart.Equal(gone.ServerStart) {
+		if pin.Same(gone) {
 			p.pins = append(p.pins[:i], p.pins[i+1:]...)
 			return
 		}

@@ -100,6 +100,13 @@ type Pin struct {
 	ServerStart time.Time
 }
 
+// Same reports whether q is the pin p: the same exported snapshot of the
+// same server run, at the same LSN (the times it was taken and expires
+// are not compared).
+func (p Pin) Same(q Pin) bool {
+	return p.SnapshotID == q.SnapshotID && p.LSN == q.LSN && p.ServerStart.Equal(q.ServerStart)
+}
+
 // OtherServer reports whether the pin was exported by another run of the
 // PostgreSQL server than the one that started at serverStart: both are
 // known and differ. A pin whose server start is unknown is not.
