@@ -238,6 +238,8 @@ type Report struct {
 	Machine string        `json:"machine"`
 	Runs    []Run         `json:"runs"`
 	Peaks   []Peak        `json:"peaks"`
+	// ConsistencyCosts: each mode against its ablation (ConsistencyCosts).
+	ConsistencyCosts []ConsistencyCost `json:"consistency_costs,omitempty"`
 }
 
 // Markdown renders the report's tables.
@@ -276,6 +278,7 @@ func (r *Report) Markdown() string {
 		fmt.Fprintf(&b, "| %s | %d | %d | %.0f | %s | %s | %s | %.1f |\n", sp.Mode, sp.VUs, sp.Repeats, sp.Median, span(sp.Repeats, "%.0f", sp.Min, sp.Max),
 			ratio(sp.Ratio), span(sp.Repeats, "%.2f", sp.RatioMin, sp.RatioMax), sp.WorstP90)
 	}
+	b.WriteString(costMarkdown(r.Runs))
 	fmt.Fprintf(&b, "\nEvery run, in the order they ran (node misses: compulsory / staleness / capacity / consistency; "+
 		"fresh / uncached: read-only transactions that found no pin recent enough and had the pincushion place a snapshot of their own, "+
 		"and those that ran uncached because it could not (and the mean time the pincushion took to place each), "+

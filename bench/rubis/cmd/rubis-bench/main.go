@@ -68,7 +68,7 @@ func main() {
 }
 
 // larderModes are the modes through Larder.
-var larderModes = []string{"larder", "larder-l1", "larder-functions", "larder-client-ryw", "larder-nocons", "local-only", "local-only-broadcast"}
+var larderModes = []string{"larder", "larder-l1", "larder-functions", "larder-client-ryw", "larder-nocons", "local-only", "local-only-broadcast", "local-only-nocons"}
 
 // modeURLs are the --mode-url modes: name → PostgreSQL URL.
 type modeURLs map[string]string
@@ -122,7 +122,7 @@ type bench struct {
 
 func run() error {
 	envFile := flag.String("env", ".larder-local/stack.env", "the local stack's env file (LARDER_PG_URL, LARDER_DSN)")
-	modes := flag.String("modes", "direct,larder,larder-nocons,local-only,php-direct,php-larder", "modes, comma-separated (also larder-l1: larder with an L1 (--l1) in the application; larder-client-ryw: larder without per-user sessions; larder-functions: larder with the item, user and bid history pages cached as functions; local-only-broadcast: local-only with its L1 on one broadcast subscription (larder.l1-broadcast); php-direct, php-larder and php-larder-l1: the PHP application under PHP's built-in server, on PostgreSQL and through a Larder front in this process, without and with an L1)")
+	modes := flag.String("modes", "direct,larder,larder-nocons,local-only,php-direct,php-larder", "modes, comma-separated (also larder-l1: larder with an L1 (--l1) in the application; larder-client-ryw: larder without per-user sessions; larder-functions: larder with the item, user and bid history pages cached as functions; local-only-broadcast: local-only with its L1 on one broadcast subscription (larder.l1-broadcast); local-only-nocons: local-only ignoring consistency, as larder-nocons; php-direct, php-larder and php-larder-l1: the PHP application under PHP's built-in server, on PostgreSQL and through a Larder front in this process, without and with an L1)")
 	urls := modeURLs{}
 	flag.Var(urls, "mode-url", "name=postgres://…: a mode that runs the application directly, like direct, on another PostgreSQL (added to --modes; repeatable; direct=… moves the baseline)")
 	vusList := flag.String("vus", "4,8,16,32", "client counts, comma-separated")
@@ -300,6 +300,7 @@ func run() error {
 		rep.Runs = append(rep.Runs, runs...)
 	}
 	rep.Peaks = report.Peaks(rep.Runs, *bound)
+	rep.ConsistencyCosts = report.ConsistencyCosts(rep.Runs)
 	if err := rep.Write(*out); err != nil {
 		return err
 	}
@@ -633,11 +634,16 @@ func modeDSN(mode, label string, env map[string]string) string {
 	case "larder-l1":
 		// The node and each application instance's L1 in front of it.
 		q.Set("larder.l1", strconv.FormatInt(l1Bytes, 10))
-	case "local-only", "local-only-broadcast":
+	case "local-only", "local-only-broadcast", "local-only-nocons":
 		q.Del("larder.nodes")
 		q.Set("larder.l1", strconv.FormatInt(l1Bytes, 10))
-		if mode == "local-only-broadcast" {
+		switch mode {
+		case "local-only-broadcast":
 			q.Set("larder.l1-broadcast", "true")
+		case "local-only-nocons":
+			// The same ablation for the L1 alone.
+			larder.EnableUnsafeBenchmarkAblation()
+			q.Set(larder.UnsafeAblationParam, "true")
 		}
 	default:
 		return ""
