@@ -138,6 +138,82 @@ func BenchmarkL1Hit(b *testing.B) {
 	}
 }
 
+// BenchmarkL1HitTransaction: a read-only transaction of eight reads, all
+// answered from the L1, with consistency and with the ablation that
+// ignores it (UnsafeIgnoreConsistency), in the same run: what keeping to
+// one snapshot costs a transaction that only hits (its begin takes the
+// candidate pins, each hit narrows them). The test stack's pincushion
+// holds about thirty pins within the transactions' staleness, as a
+// loaded one does (its budget is 32).
+func BenchmarkL1HitTransaction(b *testing.B) {
+	s := startStackB(b)
+	ctx := context.Background()
+	// Let the pincushion place its pins first: both variants then see as
+	// many.
+	probe := s.openConfig(b, s.url, nil, 0, nil)
+	for deadline := time.Now().Add(10 * time.Second); len(probe.pins.candidates(time.Now().Add(-probe.cfg.Staleness), 0)) < 25 && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, v := range []struct {
+		name   string
+		nocons bool
+	}{{"consistent", false}, {"nocons", true}} {
+		c := s.openConfig(b, s.url, nil, 8<<20, func(cfg *Config) { cfg.UnsafeIgnoreConsistency = v.nocons })
+		read := func() error {
+			tx, err := c.BeginRO(ctx, 0)
+			if err != nil {
+				return err
+			}
+			defer tx.Commit(ctx)
+			for id := 1; id <= accounts; id++ { // eight keys: two reads of each account
+				var bal, ver int
+				if err := tx.QueryRow(ctx, readBalance, []any{id}, &bal); err != nil {
+					return err
+				}
+				if err := tx.QueryRow(ctx, readBalanceVer, []any{id}, &bal, &ver); err != nil {
+					return err
+				}
+			}
+			return tx.Commit(ctx)
+		}
+		// The misses that fill the L1, until a transaction hits all
+		// eight (the L1 keeps a result once the invalidation stream
+		// covers it).
+		for try := 0; ; try++ {
+			hits := c.Stats().L1Hits.Load()
+			if err := read(); err != nil {
+				b.Fatal(err)
+			}
+			if c.Stats().L1Hits.Load()-hits == 8 {
+				break
+			}
+			if try == 100 {
+				b.Fatal("in 100 tries, no transaction hit all eight reads in the L1")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		b.Run(v.name, func(b *testing.B) {
+			hits := c.Stats().L1Hits.Load()
+			var cands int
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := read(); err != nil {
+					b.Fatal(err)
+				}
+				if i == 0 {
+					cands = len(c.pins.candidates(time.Now().Add(-c.cfg.Staleness), 0))
+				}
+			}
+			b.StopTimer()
+			if n := c.Stats().L1Hits.Load() - hits; n < 8*int64(b.N) {
+				b.Fatalf("%d L1 hits for %d transactions of 8 reads", n, b.N)
+			}
+			b.ReportMetric(float64(cands), "pins")
+		})
+	}
+}
+
 // BenchmarkMixedReadOnly: 8 clients run read-only transactions of four
 // reads each over 1 000 rows while a writer updates random rows; plain
 // pgx against Larder (L1 and node), in the same run. Reported as

@@ -124,6 +124,15 @@ type Config struct {
 	// it ends, for the next one at the same pin to begin on (default
 	// DefaultParkIdle; < 0: none parks). See parked.go.
 	ParkIdle time.Duration
+	// ParkPrefer is how much older than the newest candidate pin a pin
+	// may be taken for a transaction to begin at it rather than at the
+	// newest, when a transaction is parked there on its connection
+	// (default ParkIdle; < 0: a transaction always begins at its newest
+	// candidate). Such a transaction reads a snapshot at most that much
+	// older than it would have, within its staleness limit and after its
+	// session's writes as always, and saves PostgreSQL a BEGIN and a
+	// snapshot import. See parked.go.
+	ParkPrefer time.Duration
 	// PinSilence: when the pincushion has announced no pin for this long
 	// (default DefaultPinSilence), it is taken not to be placing any (its
 	// invalidator is not replicating, NATS is away): a read-only
@@ -321,8 +330,10 @@ type Stats struct {
 	// PinBegins counts read-only transactions begun at a pin on the
 	// client's own connections (not through a Loader); ParkedBegins, those
 	// of them that began on a transaction parked at the pin (parked.go)
-	// instead of importing its snapshot.
-	PinBegins, ParkedBegins atomic.Int64
+	// instead of importing its snapshot; OlderPinBegins, those that began
+	// at an older candidate than their newest because a transaction was
+	// parked there (Config.ParkPrefer).
+	PinBegins, ParkedBegins, OlderPinBegins atomic.Int64
 	// ScopeReads counts reads of a session's roles and settings (the key
 	// scope) after a statement that may have changed them.
 	ScopeReads atomic.Int64
@@ -398,6 +409,12 @@ func Open(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	if cfg.CloseTimeout <= 0 {
 		cfg.CloseTimeout = DefaultCloseTimeout
+	}
+	if cfg.ParkPrefer == 0 {
+		cfg.ParkPrefer = cfg.ParkIdle
+		if cfg.ParkPrefer == 0 {
+			cfg.ParkPrefer = DefaultParkIdle
+		}
 	}
 	f, err := os.Open(cfg.QUMA)
 	if err != nil {

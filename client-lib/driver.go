@@ -47,7 +47,9 @@ func init() { sql.Register(DriverName, registered) }
 // larder.pin-silence, larder.fresh-read-wait (0s: reads at a fresh
 // snapshot do not wait for its placement), larder.park-idle (0s: no
 // read-only transaction stays open on its connection for the next one
-// at its pin; see Config.ParkIdle); larder.clock-granularity (a Go duration, the width
+// at its pin; see Config.ParkIdle), larder.park-prefer (0s: a read-only
+// transaction never begins at an older pin than its newest for a
+// transaction parked there; see Config.ParkPrefer); larder.clock-granularity (a Go duration, the width
 // of the clock buckets of queries reading now(); 0s: such queries run
 // uncached; see Config.ClockGranularity); larder.register-tag-sets=false keeps the client
 // from registering the QUMA file's tag column sets with the invalidator
@@ -203,6 +205,15 @@ func ParseDSN(dsn string) (Config, error) {
 			cfg.ParkIdle = d
 			if d == 0 {
 				cfg.ParkIdle = -1
+			}
+		case "larder.park-prefer":
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > time.Minute {
+				return cfg, fmt.Errorf("larder: larder.park-prefer=%q: want a duration of at most a minute, such as 200ms (0s: a transaction always begins at its newest candidate pin)", v)
+			}
+			cfg.ParkPrefer = d
+			if d == 0 {
+				cfg.ParkPrefer = -1
 			}
 		case "larder.clock-granularity":
 			d, err := time.ParseDuration(v)

@@ -75,6 +75,17 @@ func TestDSNMistakes(t *testing.T) {
 	if cfg.ParkIdle != 0 {
 		t.Errorf("the DSN sets a park idle of %s by default (Open's default applies)", cfg.ParkIdle)
 	}
+	if cfg, err := ParseDSN(base + "&larder.park-prefer=300ms"); err != nil || cfg.ParkPrefer != 300*time.Millisecond {
+		t.Errorf("larder.park-prefer=300ms: %s, %v", cfg.ParkPrefer, err)
+	}
+	if cfg, err := ParseDSN(base + "&larder.park-prefer=0s"); err != nil || cfg.ParkPrefer >= 0 {
+		t.Errorf("larder.park-prefer=0s (always the newest pin): %s, %v", cfg.ParkPrefer, err)
+	}
+	for _, v := range []string{"-1s", "2m", "soon"} {
+		if _, err := ParseDSN(base + "&larder.park-prefer=" + v); err == nil || !strings.Contains(err.Error(), "larder.park-prefer") {
+			t.Errorf("larder.park-prefer=%s: %v", v, err)
+		}
+	}
 	if cfg, err := ParseDSN(base + "&larder.park-idle=50ms"); err != nil || cfg.ParkIdle != 50*time.Millisecond {
 		t.Errorf("larder.park-idle=50ms: %s, %v", cfg.ParkIdle, err)
 	}

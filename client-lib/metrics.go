@@ -35,6 +35,9 @@ type clientMetrics struct {
 	// parked: pooled read-only transactions left open at their pins
 	// (parked.go), by outcome.
 	parked *prometheus.CounterVec
+	// olderPinBegins: transactions begun at an older candidate pin than
+	// the newest, on a transaction parked there (Config.ParkPrefer).
+	olderPinBegins prometheus.Counter
 	// prepared: statements of pipelined begins prepared on a connection
 	// (prepared.go), by outcome: prepared, failed, dropped (a set given up
 	// after a schema change or PostgreSQL's refusal).
@@ -104,6 +107,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		nodeProbes:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_node_probes_total", Help: "Probes of cache-nodes whose circuit breaker was open."}, []string{"node"}),
 		collapsed:        prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_collapsed_misses_total", Help: "Misses that shared a concurrent identical load."}),
 		parked:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_parked_transactions_total", Help: "Read-only transactions of the client's pool left open at their pins when they ended (Config.ParkIdle), by outcome: parked, taken (a later transaction at the pin began on it), expired (none came within ParkIdle), evicted (the lot was full), failed (taken, it could not begin the later one, which began anew), closed (the client closed)."}, []string{"outcome"}),
+		olderPinBegins:   prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_older_pin_begins_total", Help: "Read-only transactions that began at an older candidate pin than their newest, at most Config.ParkPrefer older, because a transaction was parked there on their connection."}),
 		pipedReads:       prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_piped_reads_total", Help: "Misses read in the same round trip as their transaction's begin (snapshot import, table locks and storage check), or as the locks and storage check of tables their transaction held not yet."}),
 		prepared:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "larder_client_prepared_statements_total", Help: "Statements of pipelined begins (BEGIN, table locks, storage checks, reads) prepared on a connection, by outcome: prepared, failed (run unnamed instead), dropped (given up after a schema change or because PostgreSQL no longer had them)."}, []string{"outcome"}),
 		sessionsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "larder_client_sessions_dropped_total", Help: "Pooled connections closed because a read/write transaction changed their session state (SET, SET ROLE)."}),
@@ -146,7 +150,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		m.fallbacks.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.nodeSkips, m.collapsed, m.pipedReads, m.parked, m.prepared, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
+		reg.MustRegister(m.reads, m.uncached, m.fallbacks, m.nodeErrors, m.nodeSkips, m.collapsed, m.pipedReads, m.parked, m.olderPinBegins, m.prepared, m.sessionsDropped, m.closeAbandoned, m.scopeReads, m.schemaReloads, m.planRetries, m.rewrittenRetries,
 			m.storageChecks, m.nodeState, m.nodeTimeouts, m.breakerOpens, m.nodeBypassed, m.nodeProbes, m.registrations, m.earlyPuts, m.rowSplits, m.rowPatches, m.functionCalls, m.templateReads, m.templateMisses,
 			m.pinsOtherServer, m.freshWaits, m.unplacedReads)
 	}

@@ -158,6 +158,23 @@ func (l *parkingLot) take(pin invalidation.Pin, scope string) (parkedTx, bool) {
 	return parkedTx{}, false
 }
 
+// parkedAt reports whether a transaction of scope is parked at pin, not
+// yet expired (take may still find it gone: another transaction can take
+// it first).
+func (l *parkingLot) parkedAt(pin invalidation.Pin, scope string) bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(l.txs) - 1; i >= 0; i-- {
+		if p := l.txs[i]; p.pin.Same(pin) && p.scope == scope && time.Since(p.at) < l.idle {
+			return true
+		}
+	}
+	return false
+}
+
 // sweep ends the transactions parked for idle, and comes back for the
 // others.
 func (l *parkingLot) sweep() {
@@ -224,6 +241,46 @@ func (t *ROTx) parkable() bool {
 	}
 	pc := pgConnOf(t.conn)
 	return pc.TxStatus() == 'T' && !pc.IsBusy() && !pc.IsClosed()
+}
+
+// pinToBegin is the index in t.cands of the pin the transaction begins
+// at: the newest candidate, unless a transaction is parked on its
+// connection (a database/sql session's) or in the pool's lot at an older
+// candidate taken at most Config.ParkPrefer before the newest: then the
+// newest such one, whose transaction it takes. The candidates are the
+// pins its reads so far allow, each within its staleness limit and after
+// its session's writes, so any of them keeps the contract.
+func (t *ROTx) pinToBegin() int {
+	newest := len(t.cands) - 1
+	prefer := t.c.cfg.ParkPrefer
+	if newest <= 0 || prefer < 0 || t.remote != nil || t.c.loader != nil {
+		return newest
+	}
+	top := t.cands[newest]
+	usable := func(p invalidation.Pin) bool {
+		return p.SnapshotID != "" && !p.TakenAt.IsZero() && !top.TakenAt.IsZero() && top.TakenAt.Sub(p.TakenAt) <= prefer
+	}
+	if t.session != nil {
+		pin, ok := t.park.parkedPin()
+		if !ok || !usable(pin) {
+			return newest
+		}
+		for i := newest - 1; i >= 0; i-- {
+			if t.cands[i].Same(pin) {
+				return i
+			}
+		}
+		return newest
+	}
+	if t.c.parked == nil || t.c.parked.parkedAt(top, t.scope.key) {
+		return newest
+	}
+	for i := newest - 1; i >= 0 && usable(t.cands[i]); i-- {
+		if t.c.parked.parkedAt(t.cands[i], t.scope.key) {
+			return i
+		}
+	}
+	return newest
 }
 
 // beginParked begins the transaction at pin on a transaction parked there,
@@ -427,6 +484,17 @@ func (s *sessionPark) take(pin invalidation.Pin) (map[string]bool, time.Time, bo
 	s.timer = nil
 	s.m.WithLabelValues("taken").Inc()
 	return held, s.born, true
+}
+
+// parkedPin is the pin of the transaction parked on the connection, if
+// one is.
+func (s *sessionPark) parkedPin() (invalidation.Pin, bool) {
+	if s == nil {
+		return invalidation.Pin{}, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pin, s.parked
 }
 
 // close forgets the parked transaction: the connection is closing, and

@@ -481,3 +481,105 @@ func TestParkedGivesWayWhenThePoolIsFull(t *testing.T) {
 		t.Fatalf("%v parked transactions gave way, want 1 (expired: %v)", n, testutil.ToFloat64(c.m.parked.WithLabelValues("expired")))
 	}
 }
+
+// TestParkPreferOlderPin: a read-only transaction whose newest candidate
+// pin has nothing parked on its connection, but an older candidate has,
+// begins at the older one on the parked transaction (Config.ParkPrefer)
+// and reads that pin's snapshot: an account's balance from before an
+// update committed after it. With ParkPrefer off it begins at the newest
+// and reads the update. Both through database/sql (the connection's own
+// park) and through the client's pool (the parking lot).
+func TestParkPreferOlderPin(t *testing.T) {
+	s := startStack(t)
+	ctx := context.Background()
+	balance := 100
+	for _, tc := range []struct {
+		name   string
+		sql    bool
+		prefer string // larder.park-prefer
+	}{
+		{"database-sql/prefer", true, "30s"},
+		{"database-sql/off", true, "0s"},
+		{"pool/prefer", false, "30s"},
+		{"pool/off", false, "0s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefer, _ := time.ParseDuration(tc.prefer)
+			var cl *Client
+			var read func() int
+			var parkedPin func() (invalidation.Pin, bool)
+			if tc.sql {
+				dsn := s.dsnWithoutNode(t, "larder.park-idle=10s", "larder.park-prefer="+tc.prefer)
+				db := openDB(t, DriverName, dsn)
+				db.SetMaxOpenConns(1)
+				if err := db.PingContext(ctx); err != nil {
+					t.Fatal(err)
+				}
+				cl = driverClientWithPins(t, dsn)
+				read = func() int { return readBalanceDB(t, ctx, db, 4) }
+				parkedPin = func() (pin invalidation.Pin, ok bool) {
+					sc, err := db.Conn(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer sc.Close()
+					if err := sc.Raw(func(dc any) error {
+						pin, ok = dc.(*conn).park.parkedPin()
+						return nil
+					}); err != nil {
+						t.Fatal(err)
+					}
+					return pin, ok
+				}
+			} else {
+				cl = s.openConfig(t, s.url, nil, 0, func(cfg *Config) {
+					cfg.ParkIdle, cfg.ParkPrefer, cfg.Staleness = 10*time.Second, prefer, 30*time.Second
+					if prefer == 0 {
+						cfg.ParkPrefer = -1
+					}
+				})
+				read = func() int { return readInt(t, ctx, cl, 30*time.Second, readBalance, 4) }
+				parkedPin = func() (invalidation.Pin, bool) {
+					cl.parked.mu.Lock()
+					defer cl.parked.mu.Unlock()
+					if len(cl.parked.txs) != 1 {
+						return invalidation.Pin{}, false
+					}
+					return cl.parked.txs[0].pin, true
+				}
+			}
+			if got := read(); got != balance {
+				t.Fatalf("balance %d, want %d", got, balance)
+			}
+			pin, ok := parkedPin()
+			if !ok {
+				t.Fatal("the read did not park")
+			}
+			old := balance
+			balance++
+			if _, err := s.conn.Exec(ctx, "UPDATE accounts SET balance = $1 WHERE id = 4", balance); err != nil {
+				t.Fatal(err)
+			}
+			// Wait for a pin after the update (the read at it takes one,
+			// so the parked one stays put).
+			for deadline := time.Now().Add(5 * time.Second); cl.pins.newest() <= pin.LSN; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("no pin after the update in 5 s")
+				}
+			}
+			taken, older := cl.stats.ParkedBegins.Load(), cl.stats.OlderPinBegins.Load()
+			got := read()
+			taken, older = cl.stats.ParkedBegins.Load()-taken, cl.stats.OlderPinBegins.Load()-older
+			if prefer > 0 {
+				if got != old || taken != 1 || older != 1 {
+					t.Fatalf("read %d (%d before the update, %d after) on %d parked transactions, %d at an older pin; want the parked pin's %d on 1, 1",
+						got, old, balance, taken, older, old)
+				}
+				return
+			}
+			if got != balance || taken != 0 || older != 0 {
+				t.Fatalf("with ParkPrefer off: read %d on %d parked transactions, %d at an older pin; want %d on 0, 0", got, taken, older, balance)
+			}
+		})
+	}
+}

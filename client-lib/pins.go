@@ -153,9 +153,21 @@ func (p *pinTracker) candidates(since time.Time, minLSN uint64) []invalidation.P
 		}
 	}
 	p.pins = live
-	var out []invalidation.Pin
+	keep := func(pin invalidation.Pin) bool { return !pin.TakenAt.Before(since) && pin.LSN >= minLSN }
+	n := 0
 	for _, pin := range p.pins {
-		if !pin.TakenAt.Before(since) && pin.LSN >= minLSN {
+		if keep(pin) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	// One allocation per transaction, in LSN order (ROTx.narrow relies on
+	// it).
+	out := make([]invalidation.Pin, 0, n)
+	for _, pin := range p.pins {
+		if keep(pin) {
 			out = append(out, pin)
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -561,7 +563,8 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 		return t.holdTables(ctx, tables)
 	}
 	for len(t.cands) > 0 {
-		pin := t.cands[len(t.cands)-1]
+		i := t.pinToBegin()
+		pin := t.cands[i]
 		err := t.beginAt(ctx, pin, tables)
 		if errors.Is(err, errRewritten) {
 			t.c.pins.dropThrough(pin.LSN)
@@ -569,10 +572,15 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 			return err
 		}
 		if err == nil {
+			older := i < len(t.cands)-1
 			t.fixed, t.ts, t.pin = true, pin.LSN, pin
 			t.cands = []invalidation.Pin{pin}
 			if t.remote == nil {
 				t.c.stats.PinBegins.Add(1)
+			}
+			if older {
+				t.c.stats.OlderPinBegins.Add(1)
+				t.c.m.olderPinBegins.Inc()
 			}
 			return nil
 		}
@@ -583,7 +591,7 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 		// pincushion restarted), or PostgreSQL restarted since it was
 		// exported: forget it and try the next one.
 		t.c.pins.remove(pin)
-		t.cands = t.cands[:len(t.cands)-1]
+		t.cands = slices.Delete(t.cands, i, i+1)
 	}
 	if t.returned {
 		return ErrRetry
@@ -1046,21 +1054,19 @@ func (t *ROTx) rescopeAfter(ctx context.Context, sql string) {
 }
 
 // narrow keeps the candidate pins inside [lo, hi); a hit that leaves
-// none is not used.
+// none is not used. The candidates are in LSN order (pinTracker), so
+// those kept are a run of them: narrowing reslices, allocating nothing
+// (it runs on every hit).
 func (t *ROTx) narrow(lo, hi uint64) bool {
 	if skipNarrowForTest || t.c.cfg.UnsafeIgnoreConsistency {
 		return true
 	}
-	var kept []invalidation.Pin
-	for _, p := range t.cands {
-		if p.LSN >= lo && p.LSN < hi {
-			kept = append(kept, p)
-		}
-	}
-	if len(kept) == 0 {
+	i := sort.Search(len(t.cands), func(i int) bool { return t.cands[i].LSN >= lo })
+	j := i + sort.Search(len(t.cands)-i, func(k int) bool { return t.cands[i+k].LSN >= hi })
+	if i == j {
 		return false
 	}
-	t.cands = kept
+	t.cands = t.cands[i:j]
 	return true
 }
 

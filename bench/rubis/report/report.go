@@ -283,7 +283,8 @@ func (r *Report) Markdown() string {
 		"fresh / uncached: read-only transactions that found no pin recent enough and had the pincushion place a snapshot of their own, "+
 		"and those that ran uncached because it could not (and the mean time the pincushion took to place each), "+
 		"then the reads that ran on PostgreSQL before their transaction's fresh snapshot was placed, "+
-		"and how many of the transactions begun at a pin began on one parked on their connection instead of importing its snapshot; "+
+		"and how many of the transactions begun at a pin began on one parked on their connection instead of importing its snapshot "+
+		"(of them, at an older candidate pin than their newest because one was parked there); "+
 		"node lookups per request, and cacheable function calls served from the cache / run (mode larder-functions); "+
 		"hit rate: Larder's reads served by an L1 or a node, or the SELECTs a pooler's query cache served (SHOW POOL_CACHE); "+
 		"CPU in cores used by this benchmark's own processes: PostgreSQL / application / invalidator+cache-node / NATS / k6):\n\n"+
@@ -304,6 +305,9 @@ func (r *Report) Markdown() string {
 			}
 			if n := x.Reads["tx-pin-begins"]; n > 0 {
 				fresh += fmt.Sprintf("; %d of %d begins at a pin on a parked transaction", x.Reads["tx-parked-begins"], n)
+				if o := x.Reads["tx-older-pin-begins"]; o > 0 {
+					fresh += fmt.Sprintf(" (%d at an older pin than the newest)", o)
+				}
 			}
 			if x.Requests > 0 {
 				lookups = fmt.Sprintf("%.2f", float64(x.Reads["node-lookups"])/float64(x.Requests))

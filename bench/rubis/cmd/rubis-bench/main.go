@@ -147,6 +147,7 @@ func run() error {
 	flag.BoolVar(&splitRows, "split-rows", true, "the clients split results by rows (larder.split-rows; false: every result's tags stay whole, so any change to an item of a search page's category ends the page)")
 	flag.StringVar(&freshReadWait, "fresh-read-wait", "", "how long the larder modes' reads wait for their fresh snapshot to be placed (larder.fresh-read-wait: a Go duration, 0s for no wait; empty: the client's default, 50ms)")
 	flag.StringVar(&parkIdle, "park-idle", "", "how long the larder modes' read-only transactions stay open on their connections for the next one at the same pin (larder.park-idle: a Go duration, 0s for none; empty: the client's default, 200ms)")
+	flag.StringVar(&parkPrefer, "park-prefer", "", "how much older than a transaction's newest candidate pin one with a transaction parked on its connection may be for it to begin there (larder.park-prefer: a Go duration, 0s for always the newest; empty: the client's default, the park idle)")
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	l1 := flag.String("l1", "256MiB", "the L1 of the modes with one (larder-l1, local-only, php-larder-l1): bytes, with an optional KiB, MiB or GiB suffix")
 	gogc := flag.Int("gogc", 400, "the application process's GOGC, every mode alike (its L1 is a large long-lived heap, which the collector marks again in every cycle; 0: Go's default or the GOGC variable)")
@@ -593,6 +594,11 @@ var freshReadWait string
 // (--park-idle, larder.park-idle; "": the client's default).
 var parkIdle string
 
+// parkPrefer: how much older a pin with a transaction parked on the
+// connection may be for the larder modes' transactions to begin at it
+// (--park-prefer, larder.park-prefer; "": the client's default).
+var parkPrefer string
+
 // sqlNow: the application runs RUBiS's original NOW() SQL (--sql-now).
 var sqlNow bool
 
@@ -624,6 +630,9 @@ func modeDSN(mode, label string, env map[string]string) string {
 	}
 	if parkIdle != "" {
 		q.Set("larder.park-idle", parkIdle)
+	}
+	if parkPrefer != "" {
+		q.Set("larder.park-prefer", parkPrefer)
 	}
 	switch mode {
 	case "larder", "larder-client-ryw", "larder-functions":
@@ -745,7 +754,8 @@ func statsOf(st *larder.Stats) map[string]int64 {
 		"l1-miss-capacity": st.L1Misses[store.MissCapacity].Load(), "l1-miss-consistency": st.L1Misses[store.MissConsistency].Load(),
 		"tx-fresh-snapshot": st.NowSnapshots.Load(), "tx-fallback": st.Fallbacks.Load(), "tx-fresh-wait-us": st.FreshWaitNanos.Load() / 1000,
 		"unplaced-reads": st.UnplacedReads.Load(), "tx-pin-begins": st.PinBegins.Load(), "tx-parked-begins": st.ParkedBegins.Load(),
-		"node-lookups": st.NodeLookups.Load(), "node-errors": st.NodeErrors.Load(), "function-hits": st.FunctionHits.Load(), "function-runs": st.FunctionRuns.Load()}
+		"tx-older-pin-begins": st.OlderPinBegins.Load(),
+		"node-lookups":        st.NodeLookups.Load(), "node-errors": st.NodeErrors.Load(), "function-hits": st.FunctionHits.Load(), "function-runs": st.FunctionRuns.Load()}
 }
 
 // postmasterPID reads the PID of PostgreSQL's postmaster from its data
