@@ -131,7 +131,10 @@ type Config struct {
 	// candidate). Such a transaction reads a snapshot at most that much
 	// older than it would have, within its staleness limit and after its
 	// session's writes as always, and saves PostgreSQL a BEGIN and a
-	// snapshot import. See parked.go.
+	// snapshot import. Reads were never monotonic across transactions
+	// (only a session's writes bound them from below): a transaction of
+	// the pool may read a snapshot older than one the same goroutine read
+	// just before, parked by another. See parked.go.
 	ParkPrefer time.Duration
 	// PinSilence: when the pincushion has announced no pin for this long
 	// (default DefaultPinSilence), it is taken not to be placing any (its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -35,6 +36,12 @@ import (
 // start. It holds no older snapshot than its pin, which the pincushion
 // holds anyway. At most a quarter of the pool's connections are parked; each
 // database/sql connection parks its own.
+//
+// A transaction begins at an older candidate pin than its newest, at most
+// Config.ParkPrefer older, when a transaction is parked there on its
+// connection (pinToBegin): under writes the newest pin changes every few
+// milliseconds, and a transaction that insisted on it would rarely find
+// anything parked.
 
 // DefaultParkIdle is how long a parked transaction waits for the next one
 // at its pin (Config.ParkIdle).
@@ -158,21 +165,22 @@ func (l *parkingLot) take(pin invalidation.Pin, scope string) (parkedTx, bool) {
 	return parkedTx{}, false
 }
 
-// parkedAt reports whether a transaction of scope is parked at pin, not
-// yet expired (take may still find it gone: another transaction can take
-// it first).
-func (l *parkingLot) parkedAt(pin invalidation.Pin, scope string) bool {
-	if l == nil {
-		return false
-	}
+// newestParkedAmong is the index in pins (in LSN order) of the newest
+// with a transaction of scope parked at it, not yet expired; -1 if none
+// (take may still find it gone: another transaction can take it first).
+func (l *parkingLot) newestParkedAmong(pins []invalidation.Pin, scope string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i := len(l.txs) - 1; i >= 0; i-- {
-		if p := l.txs[i]; p.pin.Same(pin) && p.scope == scope && time.Since(p.at) < l.idle {
-			return true
+	best := -1
+	for _, p := range l.txs {
+		if p.scope != scope || time.Since(p.at) >= l.idle {
+			continue
+		}
+		if i := indexOfPin(pins, p.pin); i > best {
+			best = i
 		}
 	}
-	return false
+	return best
 }
 
 // sweep ends the transactions parked for idle, and comes back for the
@@ -247,41 +255,67 @@ func (t *ROTx) parkable() bool {
 // at: the newest candidate, unless a transaction is parked on its
 // connection (a database/sql session's) or in the pool's lot at an older
 // candidate taken at most Config.ParkPrefer before the newest: then the
-// newest such one, whose transaction it takes. The candidates are the
-// pins its reads so far allow, each within its staleness limit and after
-// its session's writes, so any of them keeps the contract.
+// newest such one, whose transaction it takes (and begins nowhere else:
+// errNotParked if that one was taken or expired since). The candidates
+// are the pins its reads so far allow, each within its staleness limit
+// and after its session's writes, so any of them keeps the contract.
 func (t *ROTx) pinToBegin() int {
 	newest := len(t.cands) - 1
 	prefer := t.c.cfg.ParkPrefer
-	if newest <= 0 || prefer < 0 || t.remote != nil || t.c.loader != nil {
+	if newest <= 0 || prefer < 0 || t.noOlderPin || t.remote != nil || t.c.loader != nil {
 		return newest
 	}
 	top := t.cands[newest]
-	usable := func(p invalidation.Pin) bool {
-		return p.SnapshotID != "" && !p.TakenAt.IsZero() && !top.TakenAt.IsZero() && top.TakenAt.Sub(p.TakenAt) <= prefer
+	if top.TakenAt.IsZero() {
+		return newest
+	}
+	// The oldest candidate taken within prefer of the newest (pins are
+	// taken in LSN order, bar a placed snapshot verified late: it only
+	// ends the scan early).
+	from := newest
+	for from > 0 {
+		p := t.cands[from-1]
+		if p.SnapshotID == "" || p.TakenAt.IsZero() || top.TakenAt.Sub(p.TakenAt) > prefer {
+			break
+		}
+		from--
+	}
+	if from == newest {
+		return newest
 	}
 	if t.session != nil {
 		pin, ok := t.park.parkedPin()
-		if !ok || !usable(pin) {
+		if !ok {
 			return newest
 		}
-		for i := newest - 1; i >= 0; i-- {
-			if t.cands[i].Same(pin) {
-				return i
-			}
+		if i := indexOfPin(t.cands[from:], pin); i >= 0 {
+			return from + i
 		}
 		return newest
 	}
-	if t.c.parked == nil || t.c.parked.parkedAt(top, t.scope.key) {
+	if t.c.parked == nil {
 		return newest
 	}
-	for i := newest - 1; i >= 0 && usable(t.cands[i]); i-- {
-		if t.c.parked.parkedAt(t.cands[i], t.scope.key) {
-			return i
-		}
+	if i := t.c.parked.newestParkedAmong(t.cands[from:], t.scope.key); i >= 0 {
+		return from + i
 	}
 	return newest
 }
+
+// indexOfPin is the index of pin in pins (in LSN order), -1 if absent.
+func indexOfPin(pins []invalidation.Pin, pin invalidation.Pin) int {
+	i := sort.Search(len(pins), func(i int) bool { return pins[i].LSN >= pin.LSN })
+	for ; i < len(pins) && pins[i].LSN == pin.LSN; i++ {
+		if pins[i].Same(pin) {
+			return i
+		}
+	}
+	return -1
+}
+
+// errNotParked: a transaction that chose an older pin for the one parked
+// there found it taken or expired; it begins at its newest instead.
+var errNotParked = errors.New("larder: no transaction parked at the older pin")
 
 // beginParked begins the transaction at pin on a transaction parked there,
 // holding tables not held yet (and running the pipelined read, t.pipe,

@@ -96,6 +96,10 @@ type ROTx struct {
 	// PostgreSQL transaction (not a cacheable template): it cannot park
 	// (parked.go).
 	tainted bool
+	// onlyParked: begin begins at its pin on a parked transaction or not
+	// at all (errNotParked), for an older pin chosen for the one parked
+	// there (pinToBegin); noOlderPin: that failed, the newest it is.
+	onlyParked, noOlderPin bool
 }
 
 // BeginRO starts a read-only transaction with a staleness limit (0: the
@@ -335,6 +339,9 @@ func (t *ROTx) begin(ctx context.Context, pin invalidation.Pin, tables []string)
 		if ok, err := t.beginParked(ctx, pin, tables); ok {
 			return err
 		}
+		if t.onlyParked {
+			return errNotParked
+		}
 	}
 	if err := t.acquire(ctx); err != nil {
 		return err
@@ -564,15 +571,25 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 	}
 	for len(t.cands) > 0 {
 		i := t.pinToBegin()
-		pin := t.cands[i]
+		pin, older := t.cands[i], i < len(t.cands)-1
+		t.onlyParked = older
 		err := t.beginAt(ctx, pin, tables)
+		t.onlyParked = false
+		if older && errors.Is(err, errNotParked) {
+			t.noOlderPin = true // nothing was sent: the newest, then
+			continue
+		}
 		if errors.Is(err, errRewritten) {
 			t.c.pins.dropThrough(pin.LSN)
 			_ = t.closeConn(ctx)
+			if older {
+				// Newer candidates may follow the rewrite.
+				t.cands, t.noOlderPin = t.cands[i+1:], true
+				continue
+			}
 			return err
 		}
 		if err == nil {
-			older := i < len(t.cands)-1
 			t.fixed, t.ts, t.pin = true, pin.LSN, pin
 			t.cands = []invalidation.Pin{pin}
 			if t.remote == nil {

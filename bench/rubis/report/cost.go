@@ -40,6 +40,18 @@ type ConsistencyCost struct {
 	CPUMax    float64 `json:"cpu_per_request_cost_max,omitempty"`
 }
 
+// ablationOf is the ablation of a run's mode: Ablations, for a mode run at
+// one of several stalenesses (labelled mode@staleness) the same mode's
+// ablation at the same staleness.
+func ablationOf(label string) (string, bool) {
+	mode, staleness, several := strings.Cut(label, "@")
+	abl, ok := Ablations[mode]
+	if ok && several {
+		abl += "@" + staleness
+	}
+	return abl, ok
+}
+
 // stackCPUPerRequest is the CPU-seconds a request took the benchmark's
 // stack (0: no CPU figures).
 func (r *Run) stackCPUPerRequest() float64 {
@@ -68,7 +80,7 @@ func ConsistencyCosts(runs []Run) []ConsistencyCost {
 	costs, cpus := map[pair][]float64{}, map[pair][]float64{}
 	cpuComplete := map[pair]bool{}
 	for _, r := range runs {
-		abl, ok := Ablations[r.Mode]
+		abl, ok := ablationOf(r.Mode)
 		if !ok || r.Rate <= 0 {
 			continue
 		}
@@ -91,7 +103,8 @@ func ConsistencyCosts(runs []Run) []ConsistencyCost {
 	out := make([]ConsistencyCost, 0, len(order))
 	for _, p := range order {
 		vs := costs[p]
-		c := ConsistencyCost{Mode: p.mode, Ablation: Ablations[p.mode], VUs: p.vus, Repeats: len(vs)}
+		abl, _ := ablationOf(p.mode)
+		c := ConsistencyCost{Mode: p.mode, Ablation: abl, VUs: p.vus, Repeats: len(vs)}
 		c.Median, c.Min, c.Max = spread(vs)
 		c.Mean, c.CI95 = meanCI95(vs)
 		if cpuComplete[p] {
@@ -125,7 +138,8 @@ func meanCI95(vs []float64) (mean, half float64) {
 }
 
 // tQuantile975 is Student's t distribution's 97.5th percentile with df
-// degrees of freedom (the normal's 1.96 past 30).
+// degrees of freedom (past 30, that of the table's next lower df: a
+// little wide; the normal's 1.96 from 1 000).
 func tQuantile975(df int) float64 {
 	table := []float64{12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
 		2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
@@ -133,8 +147,17 @@ func tQuantile975(df int) float64 {
 	if df < 1 {
 		return math.Inf(1)
 	}
-	if df <= len(table) {
+	switch {
+	case df <= len(table):
 		return table[df-1]
+	case df < 40:
+		return table[len(table)-1]
+	case df < 60:
+		return 2.021
+	case df < 120:
+		return 2.000
+	case df < 1000:
+		return 1.980
 	}
 	return 1.96
 }
@@ -156,7 +179,7 @@ func costMarkdown(runs []Run) string {
 	for _, c := range costs {
 		ci, cpu, cpuSpan := "—", "—", "—"
 		if c.Repeats > 1 {
-			ci = fmt.Sprintf("%s ± %.1f", pct(c.Mean), 100*c.CI95)
+			ci = fmt.Sprintf("%s ± %.1f points", pct(c.Mean), 100*c.CI95)
 		}
 		if c.CPUMedian != 0 || c.CPUMin != 0 || c.CPUMax != 0 {
 			cpu, cpuSpan = pct(c.CPUMedian), pct(c.CPUMin)+" – "+pct(c.CPUMax)

@@ -44,8 +44,18 @@ func TestConsistencyCosts(t *testing.T) {
 		t.Errorf("CPU %+v", c)
 	}
 	md := (&Report{Mix: "browsing", Runs: runs}).Markdown()
-	if !strings.Contains(md, "| larder | larder-nocons | 8 | 3 | 10.0% | -5.0% – 20.0% | 8.3% ± 31.3 | 11.1% | -4.8% – 25.0% |") {
+	if !strings.Contains(md, "| larder | larder-nocons | 8 | 3 | 10.0% | -5.0% – 20.0% | 8.3% ± 31.3 points | 11.1% | -4.8% – 25.0% |") {
 		t.Errorf("markdown:\n%s", md)
+	}
+	// Modes run at several stalenesses are labelled mode@staleness.
+	at := []Run{
+		{Mode: "local-only@1s", VUs: 8, Repeat: 1, Rate: 95},
+		{Mode: "local-only-nocons@1s", VUs: 8, Repeat: 1, Rate: 100},
+		{Mode: "local-only@30s", VUs: 8, Repeat: 1, Rate: 50},
+		{Mode: "local-only-nocons@30s", VUs: 8, Repeat: 1, Rate: 100},
+	}
+	if c := ConsistencyCosts(at); len(c) != 2 || c[0].Ablation != "local-only-nocons@1s" || !near(c[0].Median, 0.05) || !near(c[1].Median, 0.5) {
+		t.Errorf("by staleness: %+v", c)
 	}
 	if md := (&Report{Runs: runs[:1]}).Markdown(); strings.Contains(md, "Consistency cost") {
 		t.Errorf("a report without an ablation shows a consistency cost:\n%s", md)
@@ -53,7 +63,7 @@ func TestConsistencyCosts(t *testing.T) {
 }
 
 func TestTQuantile(t *testing.T) {
-	if tQuantile975(1) != 12.706 || tQuantile975(9) != 2.262 || tQuantile975(100) != 1.96 || !math.IsInf(tQuantile975(0), 1) {
+	if tQuantile975(1) != 12.706 || tQuantile975(9) != 2.262 || tQuantile975(35) != 2.042 || tQuantile975(100) != 2.000 || tQuantile975(5000) != 1.96 || !math.IsInf(tQuantile975(0), 1) {
 		t.Error("t quantiles")
 	}
 	if m, h := meanCI95([]float64{0.3}); m != 0.3 || h != 0 {
