@@ -313,6 +313,11 @@ func indexOfPin(pins []invalidation.Pin, pin invalidation.Pin) int {
 	return -1
 }
 
+// pinChosenForTest, when set, runs after pinToBegin chose a pin and
+// before the transaction begins there (a test takes the parked
+// transaction away meanwhile).
+var pinChosenForTest func(*ROTx, int)
+
 // errNotParked: a transaction that chose an older pin for the one parked
 // there found it taken or expired; it begins at its newest instead.
 var errNotParked = errors.New("larder: no transaction parked at the older pin")

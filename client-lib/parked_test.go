@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"math/rand"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/larderdb/larder/internal/history"
@@ -502,6 +504,7 @@ func TestParkPreferOlderPin(t *testing.T) {
 		{"database-sql/off", true, "0s"},
 		{"pool/prefer", false, "30s"},
 		{"pool/off", false, "0s"},
+		{"pool/taken-meanwhile", false, "30s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			prefer, _ := time.ParseDuration(tc.prefer)
@@ -548,28 +551,56 @@ func TestParkPreferOlderPin(t *testing.T) {
 					return cl.parked.txs[0].pin, true
 				}
 			}
-			if got := read(); got != balance {
-				t.Fatalf("balance %d, want %d", got, balance)
+			// Within the staleness limit the first read may see an
+			// earlier subtest's update or not: the parked pin shows old.
+			old := read()
+			if old < 100 || old > balance {
+				t.Fatalf("balance %d, want 100 to %d", old, balance)
 			}
-			pin, ok := parkedPin()
-			if !ok {
+			if _, ok := parkedPin(); !ok {
 				t.Fatal("the read did not park")
 			}
-			old := balance
 			balance++
 			if _, err := s.conn.Exec(ctx, "UPDATE accounts SET balance = $1 WHERE id = 4", balance); err != nil {
 				t.Fatal(err)
 			}
-			// Wait for a pin after the update (the read at it takes one,
-			// so the parked one stays put).
-			for deadline := time.Now().Add(5 * time.Second); cl.pins.newest() <= pin.LSN; time.Sleep(10 * time.Millisecond) {
+			var after string
+			if err := s.conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&after); err != nil {
+				t.Fatal(err)
+			}
+			afterLSN, err := pglogrepl.ParseLSN(after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Wait for a pin after the update.
+			for deadline := time.Now().Add(5 * time.Second); cl.pins.newest() < uint64(afterLSN); time.Sleep(10 * time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatal("no pin after the update in 5 s")
 				}
 			}
+			meanwhile := strings.HasSuffix(tc.name, "taken-meanwhile")
+			chosen := -1
+			if meanwhile {
+				// Another transaction takes the parked one after this one
+				// chose its pin: it begins at its newest instead.
+				pinChosenForTest = func(tx *ROTx, i int) {
+					if chosen < 0 {
+						chosen = len(tx.cands) - 1 - i // how many newer
+						tx.c.parked.evictOldest()
+					}
+				}
+				t.Cleanup(func() { pinChosenForTest = nil })
+			}
 			taken, older := cl.stats.ParkedBegins.Load(), cl.stats.OlderPinBegins.Load()
 			got := read()
 			taken, older = cl.stats.ParkedBegins.Load()-taken, cl.stats.OlderPinBegins.Load()-older
+			if meanwhile {
+				if chosen <= 0 || got != balance || taken != 0 || older != 0 {
+					t.Fatalf("the parked transaction gone after the choice (%d candidates newer than the chosen pin): read %d on %d parked transactions, %d at an older pin; want %d on 0, 0",
+						chosen, got, taken, older, balance)
+				}
+				return
+			}
 			if prefer > 0 {
 				if got != old || taken != 1 || older != 1 {
 					t.Fatalf("read %d (%d before the update, %d after) on %d parked transactions, %d at an older pin; want the parked pin's %d on 1, 1",

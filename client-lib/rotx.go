@@ -572,6 +572,9 @@ func (t *ROTx) fix(ctx context.Context, tables []string) error {
 	for len(t.cands) > 0 {
 		i := t.pinToBegin()
 		pin, older := t.cands[i], i < len(t.cands)-1
+		if pinChosenForTest != nil {
+			pinChosenForTest(t, i)
+		}
 		t.onlyParked = older
 		err := t.beginAt(ctx, pin, tables)
 		t.onlyParked = false
