@@ -188,41 +188,25 @@ func ParseDSN(dsn string) (Config, error) {
 				"larder.node-timeout": &cfg.NodeTimeout, "larder.node-backoff": &cfg.NodeBackoff,
 				"larder.pin-verify-timeout": &cfg.PinVerifyTimeout, "larder.pin-silence": &cfg.PinSilence,
 			}[k] = d
-		case "larder.fresh-read-wait":
+		case "larder.fresh-read-wait", "larder.park-idle", "larder.park-prefer", "larder.clock-granularity":
+			o := map[string]struct {
+				dst                 *time.Duration
+				max                 time.Duration
+				limit, example, off string
+			}{
+				"larder.fresh-read-wait":   {&cfg.FreshReadWait, time.Minute, "a minute", "20ms", "reads do not wait"},
+				"larder.park-idle":         {&cfg.ParkIdle, 10 * time.Second, "10s", "200ms", "no transaction parks"},
+				"larder.park-prefer":       {&cfg.ParkPrefer, time.Minute, "a minute", "200ms", "a transaction always begins at its newest candidate pin"},
+				"larder.clock-granularity": {&cfg.ClockGranularity, 24 * time.Hour, "24h", "1m", "clock-bound queries run uncached"},
+			}[k]
 			d, err := time.ParseDuration(v)
-			if err != nil || d < 0 || d > time.Minute {
-				return cfg, fmt.Errorf("larder: larder.fresh-read-wait=%q: want a duration of at most a minute, such as 20ms (0s: reads do not wait)", v)
+			if err != nil || d < 0 || d > o.max {
+				return cfg, fmt.Errorf("larder: %s=%q: want a duration of at most %s, such as %s (0s: %s)", k, v, o.limit, o.example, o.off)
 			}
-			cfg.FreshReadWait = d
+			// 0s turns it off, which Config spells < 0 (0 is the default).
+			*o.dst = d
 			if d == 0 {
-				cfg.FreshReadWait = -1
-			}
-		case "larder.park-idle":
-			d, err := time.ParseDuration(v)
-			if err != nil || d < 0 || d > 10*time.Second {
-				return cfg, fmt.Errorf("larder: larder.park-idle=%q: want a duration of at most 10s, such as 200ms (0s: no transaction parks)", v)
-			}
-			cfg.ParkIdle = d
-			if d == 0 {
-				cfg.ParkIdle = -1
-			}
-		case "larder.park-prefer":
-			d, err := time.ParseDuration(v)
-			if err != nil || d < 0 || d > time.Minute {
-				return cfg, fmt.Errorf("larder: larder.park-prefer=%q: want a duration of at most a minute, such as 200ms (0s: a transaction always begins at its newest candidate pin)", v)
-			}
-			cfg.ParkPrefer = d
-			if d == 0 {
-				cfg.ParkPrefer = -1
-			}
-		case "larder.clock-granularity":
-			d, err := time.ParseDuration(v)
-			if err != nil || d < 0 || d > 24*time.Hour {
-				return cfg, fmt.Errorf("larder: larder.clock-granularity=%q: want a duration of at most 24h such as 1m (0s: clock-bound queries run uncached)", v)
-			}
-			cfg.ClockGranularity = d
-			if d == 0 {
-				cfg.ClockGranularity = -1
+				*o.dst = -1
 			}
 		case "larder.register-tag-sets":
 			on, err := strconv.ParseBool(v)
