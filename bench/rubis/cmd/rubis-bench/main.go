@@ -151,14 +151,27 @@ func run() error {
 	flag.BoolVar(&registerTagSets, "register-tag-sets", true, "the clients register RUBiS's tag column sets with the invalidator (false: results reading a table the invalidator publishes only keys for use its table tag, unless another client registered the set)")
 	l1 := flag.String("l1", "256MiB", "the L1 of the modes with one (larder-l1, local-only, php-larder-l1): bytes, with an optional KiB, MiB or GiB suffix")
 	gogc := flag.Int("gogc", 400, "the application process's GOGC, every mode alike (its L1 is a large long-lived heap, which the collector marks again in every cycle; 0: Go's default or the GOGC variable)")
+	memShare := flag.Float64("memory-share", 0.6, "the application process's soft memory limit as a share of the machine's memory (debug.SetMemoryLimit; with a high GOGC and several modes' L1s the heap would otherwise grow to several times what is live, and past the machine's memory; 0: none, or the GOMEMLIMIT variable's)")
 	flag.Parse()
 	if *gogc < 0 {
 		return fmt.Errorf("--gogc %d: want 0 or more", *gogc)
+	}
+	if *memShare < 0 || *memShare > 1 {
+		return fmt.Errorf("--memory-share %g: want 0 to 1", *memShare)
 	}
 	gcNote := "the application's GOGC: Go's default"
 	if *gogc > 0 {
 		debug.SetGCPercent(*gogc)
 		gcNote = fmt.Sprintf("the application's GOGC: %d", *gogc)
+	}
+	if *memShare > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		total, err := machineMemory()
+		if err != nil {
+			return fmt.Errorf("--memory-share: %w", err)
+		}
+		limit := int64(float64(total) * *memShare)
+		debug.SetMemoryLimit(limit)
+		gcNote += fmt.Sprintf(", soft memory limit %.1f GiB", float64(limit)/(1<<30))
 	}
 	if n, err := bytesize.Parse(*l1); err != nil || n <= 0 {
 		return fmt.Errorf("--l1 %q: want a positive size (%v)", *l1, err)
@@ -756,6 +769,31 @@ func statsOf(st *larder.Stats) map[string]int64 {
 		"unplaced-reads": st.UnplacedReads.Load(), "tx-pin-begins": st.PinBegins.Load(), "tx-parked-begins": st.ParkedBegins.Load(),
 		"tx-older-pin-begins": st.OlderPinBegins.Load(),
 		"node-lookups":        st.NodeLookups.Load(), "node-errors": st.NodeErrors.Load(), "function-hits": st.FunctionHits.Load(), "function-runs": st.FunctionRuns.Load()}
+}
+
+// machineMemory is the machine's memory in bytes (MemTotal in
+// /proc/meminfo).
+func machineMemory() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	return parseMemTotal(string(b))
+}
+
+// parseMemTotal reads MemTotal from /proc/meminfo's text.
+func parseMemTotal(meminfo string) (int64, error) {
+	for _, line := range strings.Split(meminfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "MemTotal:" && f[2] == "kB" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil || kb <= 0 {
+				return 0, fmt.Errorf("/proc/meminfo: MemTotal %q", f[1])
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("/proc/meminfo: no MemTotal in kB")
 }
 
 // postmasterPID reads the PID of PostgreSQL's postmaster from its data

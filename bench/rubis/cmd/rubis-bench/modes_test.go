@@ -107,3 +107,15 @@ func TestScheduleWarmsCachesBeforeAnyMeasuredRun(t *testing.T) {
 		}
 	}
 }
+
+func TestParseMemTotal(t *testing.T) {
+	n, err := parseMemTotal("MemTotal:       24591180 kB\nMemFree:         1000 kB\n")
+	if err != nil || n != 24591180<<10 {
+		t.Fatalf("%d, %v", n, err)
+	}
+	for _, bad := range []string{"", "MemFree: 1 kB\n", "MemTotal: lots kB\n", "MemTotal: 5 MB\n"} {
+		if _, err := parseMemTotal(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
