@@ -17,7 +17,9 @@
 // straight to PostgreSQL. A read-only transaction at a pin that ran only
 // cacheable reads stays open on its connection for Config.ParkIdle when it
 // ends, so that the next one at the same pin there begins on it without a
-// snapshot import (parked.go).
+// snapshot import (parked.go); a transaction prefers an older candidate
+// pin, at most Config.ParkPrefer older than its newest, with a transaction
+// parked there.
 //
 // Only PostgreSQL can make a transaction fail or wait long. Open needs
 // PostgreSQL alone: NATS, the invalidator's pins and tag sets and the
