@@ -155,7 +155,7 @@ func (l *parkingLot) take(pin invalidation.Pin, scope string) (parkedTx, bool) {
 		if (!p.pin.Same(pin) && !parkAnyPinForTest) || p.scope != scope {
 			continue
 		}
-		if time.Since(p.at) >= l.idle {
+		if l.expired(p, time.Now()) {
 			break // the sweep ends it
 		}
 		l.txs = append(l.txs[:i], l.txs[i+1:]...)
@@ -171,9 +171,9 @@ func (l *parkingLot) take(pin invalidation.Pin, scope string) (parkedTx, bool) {
 func (l *parkingLot) newestParkedAmong(pins []invalidation.Pin, scope string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	best := -1
+	best, now := -1, time.Now()
 	for _, p := range l.txs {
-		if p.scope != scope || time.Since(p.at) >= l.idle {
+		if p.scope != scope || l.expired(p, now) {
 			continue
 		}
 		if i := indexOfPin(pins, p.pin); i > best {
@@ -183,6 +183,10 @@ func (l *parkingLot) newestParkedAmong(pins []invalidation.Pin, scope string) in
 	return best
 }
 
+// expired reports whether p has been parked for the lot's idle time at
+// now (the sweep ends it; nothing takes it meanwhile).
+func (l *parkingLot) expired(p parkedTx, now time.Time) bool { return now.Sub(p.at) >= l.idle }
+
 // sweep ends the transactions parked for idle, and comes back for the
 // others.
 func (l *parkingLot) sweep() {
@@ -191,7 +195,7 @@ func (l *parkingLot) sweep() {
 	now := time.Now()
 	keep := l.txs[:0]
 	for _, p := range l.txs {
-		if now.Sub(p.at) >= l.idle {
+		if l.expired(p, now) {
 			expired = append(expired, p)
 		} else {
 			keep = append(keep, p)
@@ -262,7 +266,7 @@ func (t *ROTx) parkable() bool {
 func (t *ROTx) pinToBegin() int {
 	newest := len(t.cands) - 1
 	prefer := t.c.cfg.ParkPrefer
-	if newest <= 0 || prefer < 0 || t.noOlderPin || t.remote != nil || t.c.loader != nil {
+	if newest <= 0 || prefer < 0 || t.noOlderPin || t.c.loader != nil {
 		return newest
 	}
 	top := t.cands[newest]
